@@ -1,0 +1,641 @@
+//! Record headers: one per block, link (a second key for stored bytes) or tombstone.
+//!
+//! A record starts on a unit boundary. Its header is followed by zero padding up to the next unit,
+//! then the payload (the stored bytes), then zero padding up to the next unit, so that the payload
+//! itself is unit-aligned and can be read by O_DIRECT straight into a caller's buffer.
+
+use crate::bytes::{check_crc, check_magic, check_version, Reader, Writer};
+use crate::{align_up, FormatError, UNIT_BYTES};
+
+/// Magic of every record header.
+pub const MAGIC: [u8; 4] = *b"KVRC";
+/// Record header version this build writes and the newest it reads.
+pub const VERSION: u16 = 1;
+/// Bytes of the fixed part of a header; the variable part follows.
+pub const FIXED_BYTES: usize = 136;
+/// Longest header, fixed and variable parts together.
+pub const HEADER_BYTES_MAX: usize = 64 * 1024;
+/// Longest namespace name in bytes.
+pub const NAMESPACE_BYTES_MAX: usize = 255;
+/// Longest key in bytes.
+pub const KEY_BYTES_MAX: usize = 4096;
+/// Most dimensions a block's shape may have.
+pub const NDIM_MAX: usize = 8;
+/// Largest codec parameter area (so that a kept-token map of a long block fits).
+pub const CODEC_PARAMS_BYTES_MAX: usize =
+    HEADER_BYTES_MAX - FIXED_BYTES - NAMESPACE_BYTES_MAX - KEY_BYTES_MAX - DESC_BYTES_MAX - 4;
+const DESC_BYTES_MAX: usize = 4 + 8 * NDIM_MAX;
+const HEADER_CRC_OFFSET: usize = 12;
+const FLAG_HAS_PARENT: u8 = 1;
+const FLAG_HAS_GROUP: u8 = 2;
+const WHAT: &str = "record header";
+
+const _: () = assert!(FIXED_BYTES + NAMESPACE_BYTES_MAX + KEY_BYTES_MAX + DESC_BYTES_MAX + 4 < HEADER_BYTES_MAX);
+const _: () = assert!(HEADER_BYTES_MAX <= u16::MAX as usize + 1);
+
+/// What a record means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// A key and the stored bytes of its block.
+    Block = 1,
+    /// A key for bytes already stored in this namespace by an earlier block record (deduplication).
+    Link = 2,
+    /// The key was deleted.
+    Tombstone = 3,
+}
+
+impl RecordKind {
+    fn from_u8(v: u8) -> Result<Self, FormatError> {
+        match v {
+            1 => Ok(RecordKind::Block),
+            2 => Ok(RecordKind::Link),
+            3 => Ok(RecordKind::Tombstone),
+            _ => Err(FormatError::invalid(WHAT, "kind", format!("{v} is not 1 (block), 2 (link) or 3 (tombstone)"))),
+        }
+    }
+}
+
+/// Element type of a block's tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Dtype {
+    /// Unknown or not a tensor.
+    Bytes = 0,
+    /// IEEE half precision.
+    F16 = 1,
+    /// bfloat16.
+    Bf16 = 2,
+    /// IEEE single precision.
+    F32 = 3,
+    /// fp8 e4m3.
+    F8E4M3 = 4,
+    /// fp8 e5m2.
+    F8E5M2 = 5,
+    /// Unsigned bytes.
+    U8 = 6,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            Dtype::Bytes | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::U8 => 1,
+            Dtype::F16 | Dtype::Bf16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+
+    fn from_u8(v: u8) -> Result<Self, FormatError> {
+        Ok(match v {
+            0 => Dtype::Bytes,
+            1 => Dtype::F16,
+            2 => Dtype::Bf16,
+            3 => Dtype::F32,
+            4 => Dtype::F8E4M3,
+            5 => Dtype::F8E5M2,
+            6 => Dtype::U8,
+            _ => return Err(FormatError::invalid(WHAT, "dtype", format!("unknown dtype code {v}"))),
+        })
+    }
+}
+
+/// How a block's tensor is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Layout {
+    /// Opaque bytes.
+    Opaque = 0,
+    /// LMCache `KV_2LTD`: `[2, layers, tokens, kv_heads * head_dim]`.
+    Kv2Ltd = 1,
+    /// vLLM paged: `[2, blocks, block_size, kv_heads, head_dim]`.
+    VllmPaged = 2,
+}
+
+impl Layout {
+    fn from_u8(v: u8) -> Result<Self, FormatError> {
+        Ok(match v {
+            0 => Layout::Opaque,
+            1 => Layout::Kv2Ltd,
+            2 => Layout::VllmPaged,
+            _ => return Err(FormatError::invalid(WHAT, "layout", format!("unknown layout code {v}"))),
+        })
+    }
+
+    /// The number of dimensions this layout requires, if it fixes one.
+    pub fn ndim(self) -> Option<usize> {
+        match self {
+            Layout::Opaque => None,
+            Layout::Kv2Ltd => Some(4),
+            Layout::VllmPaged => Some(5),
+        }
+    }
+}
+
+/// What a block's raw bytes are: dtype, layout and shape.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockDesc {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Tensor layout.
+    pub layout: Layout,
+    /// Shape, outermost first; empty for opaque bytes.
+    pub shape: Vec<u64>,
+}
+
+impl BlockDesc {
+    /// Opaque bytes with no tensor description.
+    pub fn opaque() -> Self {
+        BlockDesc { dtype: Dtype::Bytes, layout: Layout::Opaque, shape: Vec::new() }
+    }
+
+    /// Checks the description against the raw length it describes.
+    pub fn validate(&self, raw_len: u64) -> Result<(), FormatError> {
+        if self.shape.len() > NDIM_MAX {
+            return Err(FormatError::invalid(WHAT, "ndim", format!("{} dimensions, at most {NDIM_MAX}", self.shape.len())));
+        }
+        if let Some(ndim) = self.layout.ndim() {
+            if self.shape.len() != ndim {
+                return Err(FormatError::invalid(
+                    WHAT,
+                    "shape",
+                    format!("layout {:?} needs {ndim} dimensions, got {}", self.layout, self.shape.len()),
+                ));
+            }
+        }
+        if self.shape.is_empty() {
+            return Ok(());
+        }
+        let elements = self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+        match elements.and_then(|e| e.checked_mul(self.dtype.size_bytes())) {
+            Some(bytes) if bytes == raw_len => Ok(()),
+            _ => Err(FormatError::invalid(
+                WHAT,
+                "shape",
+                format!("shape {:?} of {:?} does not describe {raw_len} bytes", self.shape, self.dtype),
+            )),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        4 + 8 * self.shape.len()
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        w.u8(self.dtype as u8);
+        w.u8(self.layout as u8);
+        w.u8(self.shape.len() as u8);
+        w.u8(0);
+        for d in &self.shape {
+            w.u64(*d);
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut r = Reader::new(WHAT, bytes);
+        let dtype = Dtype::from_u8(r.u8()?)?;
+        let layout = Layout::from_u8(r.u8()?)?;
+        let ndim = usize::from(r.u8()?);
+        r.u8()?;
+        if ndim > NDIM_MAX || r.remaining() != 8 * ndim {
+            return Err(FormatError::invalid(WHAT, "desc_len", format!("{} bytes for {ndim} dimensions", bytes.len())));
+        }
+        let shape = (0..ndim).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        Ok(BlockDesc { dtype, layout, shape })
+    }
+}
+
+/// How the stored bytes were produced from the raw bytes, with everything needed to decode them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompressionMeta {
+    /// Codec identifier; [`CompressionMeta::CODEC_NONE`] means the stored bytes are the raw bytes.
+    pub codec_id: u16,
+    /// Version of the codec's parameter encoding.
+    pub codec_version: u16,
+    /// The codec's parameters (quantization settings, kept-token map, ...), codec-defined.
+    pub params: Vec<u8>,
+}
+
+impl CompressionMeta {
+    /// Stored bytes are the raw bytes.
+    pub const CODEC_NONE: u16 = 0;
+
+    /// No compression.
+    pub fn none() -> Self {
+        CompressionMeta { codec_id: Self::CODEC_NONE, codec_version: 1, params: Vec::new() }
+    }
+
+    fn encoded_len(&self) -> usize {
+        4 + self.params.len()
+    }
+}
+
+/// A decoded record header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// What the record means.
+    pub kind: RecordKind,
+    /// The seq of the segment use the record was written in.
+    pub segment_seq: u64,
+    /// crc32c of the stored bytes.
+    pub payload_crc: u32,
+    /// Namespace (tenant or model) the key lives in.
+    pub namespace: String,
+    /// The client's key.
+    pub key: String,
+    /// blake3 of the raw (uncompressed) bytes; zero for a tombstone.
+    pub content_hash: [u8; 32],
+    /// Length of the raw bytes.
+    pub raw_len: u64,
+    /// Length of the stored bytes that follow the header (0 for links and tombstones).
+    pub stored_len: u64,
+    /// Milliseconds since the Unix epoch at which the record was written.
+    pub created_unix_ms: u64,
+    /// Seconds after creation at which the key expires; 0 = never.
+    pub ttl_secs: u32,
+    /// Group (context) the block belongs to, when the client knows it.
+    pub group_id: Option<u64>,
+    /// Content hash of the parent block, when the client knows it.
+    pub parent_hash: Option<[u8; 32]>,
+    /// What the raw bytes are.
+    pub desc: BlockDesc,
+    /// How the stored bytes encode the raw bytes.
+    pub compression: CompressionMeta,
+}
+
+impl RecordHeader {
+    /// Length of the encoded header in bytes.
+    pub fn encoded_len(&self) -> usize {
+        FIXED_BYTES
+            + self.namespace.len()
+            + self.key.len()
+            + self.desc.encoded_len()
+            + self.compression.encoded_len()
+    }
+
+    /// Offset of the payload from the record's start: the header rounded up to a unit.
+    pub fn payload_offset(&self) -> u64 {
+        // encoded_len() <= HEADER_BYTES_MAX is checked by validate(); rounding it cannot overflow.
+        align_up(self.encoded_len() as u64).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes the whole record occupies on disk: header, payload and padding.
+    pub fn record_bytes(&self) -> u64 {
+        self.payload_offset().saturating_add(self.stored_len).saturating_add(UNIT_BYTES - 1) & !(UNIT_BYTES - 1)
+    }
+
+    /// Checks every field against its documented range.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        validate_namespace(&self.namespace)?;
+        validate_key(&self.key)?;
+        self.desc.validate(self.raw_len)?;
+        if self.compression.params.len() > CODEC_PARAMS_BYTES_MAX {
+            return Err(FormatError::invalid(WHAT, "codec_len", format!("{} bytes of codec parameters", self.compression.params.len())));
+        }
+        let no_payload = matches!(self.kind, RecordKind::Link | RecordKind::Tombstone);
+        if no_payload && self.stored_len != 0 {
+            return Err(FormatError::invalid(WHAT, "stored_len", format!("{:?} record carries {} payload bytes", self.kind, self.stored_len)));
+        }
+        if self.kind == RecordKind::Block
+            && self.compression.codec_id == CompressionMeta::CODEC_NONE
+            && self.stored_len != self.raw_len
+        {
+            return Err(FormatError::invalid(
+                WHAT,
+                "stored_len",
+                format!("uncompressed block stores {} bytes of {} raw", self.stored_len, self.raw_len),
+            ));
+        }
+        if self.stored_len > u64::from(u32::MAX) || self.raw_len > u64::from(u32::MAX) {
+            return Err(FormatError::invalid(WHAT, "raw_len", "blocks are limited to 4 GiB".to_string()));
+        }
+        Ok(())
+    }
+
+    /// Encodes the header (without padding). Call [`RecordHeader::validate`] first; an invalid
+    /// header is encoded as-is and will be refused when decoded.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(self.encoded_len());
+        let flags = if self.parent_hash.is_some() { FLAG_HAS_PARENT } else { 0 }
+            | if self.group_id.is_some() { FLAG_HAS_GROUP } else { 0 };
+        w.bytes(&MAGIC);
+        w.u16(VERSION);
+        w.u8(self.kind as u8);
+        w.u8(flags);
+        w.u32(self.encoded_len() as u32);
+        w.u32(0); // header crc, filled in below
+        w.u64(self.segment_seq);
+        w.u32(self.payload_crc);
+        w.u16(self.namespace.len() as u16);
+        w.u16(self.key.len() as u16);
+        w.u64(self.raw_len);
+        w.u64(self.stored_len);
+        w.u64(self.created_unix_ms);
+        w.u32(self.ttl_secs);
+        w.u16(self.desc.encoded_len() as u16);
+        w.u16(self.compression.encoded_len() as u16);
+        w.bytes(&self.content_hash);
+        w.bytes(&self.parent_hash.unwrap_or([0; 32]));
+        w.u64(self.group_id.unwrap_or(0));
+        debug_assert_eq!(w.buf.len(), FIXED_BYTES);
+        w.bytes(self.namespace.as_bytes());
+        w.bytes(self.key.as_bytes());
+        self.desc.encode(&mut w);
+        w.u16(self.compression.codec_id);
+        w.u16(self.compression.codec_version);
+        w.bytes(&self.compression.params);
+        let crc = header_crc(&w.buf);
+        if let Some(slot) = w.buf.get_mut(HEADER_CRC_OFFSET..HEADER_CRC_OFFSET + 4) {
+            slot.copy_from_slice(&crc.to_le_bytes());
+        }
+        w.buf
+    }
+
+    /// Reads the header length from the first bytes of a record, checking only the magic, so a
+    /// reader knows how much to read before decoding.
+    pub fn peek_len(buf: &[u8]) -> Result<usize, FormatError> {
+        let mut r = Reader::new(WHAT, buf);
+        check_magic(WHAT, r.take(4)?, &MAGIC)?;
+        r.take(4)?;
+        let len = r.u32()? as usize;
+        if !(FIXED_BYTES..=HEADER_BYTES_MAX).contains(&len) {
+            return Err(FormatError::invalid(WHAT, "header_len", format!("{len} is outside {FIXED_BYTES}..={HEADER_BYTES_MAX}")));
+        }
+        Ok(len)
+    }
+
+    /// Decodes and validates a header from the start of `buf` (which may hold more than it).
+    pub fn decode(buf: &[u8]) -> Result<RecordHeader, FormatError> {
+        let len = Self::peek_len(buf)?;
+        let bytes = Reader::new(WHAT, buf).take(len)?;
+        let mut r = Reader::new(WHAT, bytes);
+        r.take(4)?;
+        let version = r.u16()?;
+        let kind = r.u8()?;
+        let flags = r.u8()?;
+        r.u32()?;
+        let stored_crc = r.u32()?;
+        check_crc(WHAT, stored_crc, &[bytes.get(..HEADER_CRC_OFFSET).unwrap_or_default(), bytes.get(HEADER_CRC_OFFSET + 4..).unwrap_or_default()])?;
+        check_version(WHAT, u32::from(version), u32::from(VERSION))?;
+        let kind = RecordKind::from_u8(kind)?;
+        if flags & !(FLAG_HAS_PARENT | FLAG_HAS_GROUP) != 0 {
+            return Err(FormatError::invalid(WHAT, "flags", format!("unknown flags {flags:#x}")));
+        }
+        let segment_seq = r.u64()?;
+        let payload_crc = r.u32()?;
+        let ns_len = usize::from(r.u16()?);
+        let key_len = usize::from(r.u16()?);
+        let raw_len = r.u64()?;
+        let stored_len = r.u64()?;
+        let created_unix_ms = r.u64()?;
+        let ttl_secs = r.u32()?;
+        let desc_len = usize::from(r.u16()?);
+        let codec_len = usize::from(r.u16()?);
+        let content_hash = r.array()?;
+        let parent = r.array::<32>()?;
+        let group = r.u64()?;
+        let variable = ns_len + key_len + desc_len + codec_len;
+        if FIXED_BYTES + variable != len || codec_len < 4 {
+            return Err(FormatError::invalid(WHAT, "header_len", format!("{len} does not match its parts ({FIXED_BYTES} + {variable})")));
+        }
+        let namespace = utf8(r.take(ns_len)?, "namespace")?;
+        let key = utf8(r.take(key_len)?, "key")?;
+        let desc = BlockDesc::decode(r.take(desc_len)?)?;
+        let codec_id = r.u16()?;
+        let codec_version = r.u16()?;
+        let params = r.take(codec_len - 4)?.to_vec();
+        let header = RecordHeader {
+            kind,
+            segment_seq,
+            payload_crc,
+            namespace,
+            key,
+            content_hash,
+            raw_len,
+            stored_len,
+            created_unix_ms,
+            ttl_secs,
+            group_id: (flags & FLAG_HAS_GROUP != 0).then_some(group),
+            parent_hash: (flags & FLAG_HAS_PARENT != 0).then_some(parent),
+            desc,
+            compression: CompressionMeta { codec_id, codec_version, params },
+        };
+        header.validate()?;
+        Ok(header)
+    }
+}
+
+fn header_crc(bytes: &[u8]) -> u32 {
+    crate::crc32c_of(&[
+        bytes.get(..HEADER_CRC_OFFSET).unwrap_or_default(),
+        bytes.get(HEADER_CRC_OFFSET + 4..).unwrap_or_default(),
+    ])
+}
+
+fn utf8(bytes: &[u8], field: &'static str) -> Result<String, FormatError> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| FormatError::invalid(WHAT, field, "not valid UTF-8"))
+}
+
+/// Checks a namespace name: 1 to 255 bytes, usable as a directory name.
+pub fn validate_namespace(ns: &str) -> Result<(), FormatError> {
+    let bad = |detail: &str| Err(FormatError::invalid("namespace", "namespace", format!("{ns:?}: {detail}")));
+    if ns.is_empty() {
+        return bad("is empty");
+    }
+    if ns.len() > NAMESPACE_BYTES_MAX {
+        return bad(&format!("is {} bytes, at most {NAMESPACE_BYTES_MAX}", ns.len()));
+    }
+    if ns == "." || ns == ".." || ns.starts_with(".") {
+        return bad("may not start with '.'");
+    }
+    if ns.chars().any(|c| c == '/' || c.is_control()) {
+        return bad("may not contain '/' or control characters");
+    }
+    Ok(())
+}
+
+/// Checks a key: 1 to 4096 bytes of UTF-8 (any characters, `/` included).
+pub fn validate_key(key: &str) -> Result<(), FormatError> {
+    if key.is_empty() {
+        return Err(FormatError::invalid("key", "key", "is empty"));
+    }
+    if key.len() > KEY_BYTES_MAX {
+        return Err(FormatError::invalid("key", "key", format!("is {} bytes, at most {KEY_BYTES_MAX}", key.len())));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn sample() -> RecordHeader {
+        RecordHeader {
+            kind: RecordKind::Block,
+            segment_seq: 77,
+            payload_crc: 0x1234_5678,
+            namespace: "default".into(),
+            key: "org/test-model@1@0@1234abcd5678ef01@bfloat16".into(),
+            content_hash: [0xab; 32],
+            raw_len: 2 * 4 * 256 * 512 * 2,
+            stored_len: 2 * 4 * 256 * 512 * 2,
+            created_unix_ms: 1_700_000_000_123,
+            ttl_secs: 3600,
+            group_id: Some(99),
+            parent_hash: Some([0xcd; 32]),
+            desc: BlockDesc { dtype: Dtype::Bf16, layout: Layout::Kv2Ltd, shape: vec![2, 4, 256, 512] },
+            compression: CompressionMeta::none(),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let h = sample();
+        h.validate().unwrap();
+        let enc = h.encode();
+        assert_eq!(enc.len(), h.encoded_len());
+        assert_eq!(RecordHeader::decode(&enc).unwrap(), h);
+    }
+
+    #[test]
+    fn golden_fixed_part() {
+        let enc = sample().encode();
+        assert_eq!(&enc[0..4], b"KVRC");
+        assert_eq!(&enc[4..6], &1u16.to_le_bytes());
+        assert_eq!(enc[6], 1);
+        assert_eq!(enc[7], 3);
+        assert_eq!(&enc[8..12], &(enc.len() as u32).to_le_bytes());
+        assert_eq!(&enc[16..24], &77u64.to_le_bytes());
+        assert_eq!(&enc[28..30], &7u16.to_le_bytes());
+        assert_eq!(&enc[56..60], &3600u32.to_le_bytes());
+        assert_eq!(&enc[64..96], &[0xab; 32]);
+        assert_eq!(&enc[128..136], &99u64.to_le_bytes());
+        assert_eq!(&enc[136..143], b"default");
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&enc[..12]), &enc[16..]);
+        assert_eq!(&enc[12..16], &crc.to_le_bytes());
+    }
+
+    #[test]
+    fn payload_is_unit_aligned_and_record_padded() {
+        let h = sample();
+        assert_eq!(h.payload_offset(), 4096);
+        assert_eq!(h.record_bytes(), 4096 + h.stored_len);
+        let small = RecordHeader { stored_len: 1, raw_len: 1, desc: BlockDesc::opaque(), ..sample() };
+        assert_eq!(small.record_bytes(), 8192);
+    }
+
+    #[test]
+    fn every_truncation_is_rejected() {
+        let enc = sample().encode();
+        for cut in 0..enc.len() {
+            assert!(RecordHeader::decode(&enc[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn bad_magic_is_rejected() {
+        let mut enc = sample().encode();
+        enc[1] = 0;
+        assert!(matches!(RecordHeader::decode(&enc), Err(FormatError::BadMagic { .. })));
+    }
+
+    #[test]
+    fn every_flipped_bit_is_rejected() {
+        let enc = sample().encode();
+        for byte in 0..enc.len() {
+            let mut bad = enc.clone();
+            bad[byte] ^= 0x04;
+            assert!(RecordHeader::decode(&bad).is_err(), "flip in byte {byte}");
+        }
+    }
+
+    #[test]
+    fn absurd_header_length_is_rejected() {
+        let mut enc = sample().encode();
+        enc[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(RecordHeader::decode(&enc), Err(FormatError::InvalidField { field: "header_len", .. })));
+    }
+
+    #[test]
+    fn newer_version_is_rejected() {
+        let mut enc = sample().encode();
+        enc[4..6].copy_from_slice(&9u16.to_le_bytes());
+        let crc = header_crc(&enc);
+        enc[12..16].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(RecordHeader::decode(&enc), Err(FormatError::UnsupportedVersion { found: 9, .. })));
+    }
+
+    #[test]
+    fn shape_that_does_not_match_the_length_is_rejected() {
+        let h = RecordHeader { raw_len: 10, stored_len: 10, ..sample() };
+        assert!(h.validate().is_err());
+        assert!(RecordHeader::decode(&h.encode()).is_err());
+    }
+
+    #[test]
+    fn namespace_and_key_limits() {
+        assert!(validate_namespace("").is_err());
+        assert!(validate_namespace("a/b").is_err());
+        assert!(validate_namespace(".hidden").is_err());
+        assert!(validate_namespace(&"n".repeat(256)).is_err());
+        assert!(validate_namespace("llama-3.1-8b").is_ok());
+        assert!(validate_key("").is_err());
+        assert!(validate_key(&"k".repeat(4097)).is_err());
+        assert!(validate_key("m@2@1@-1234@half/with%odd@chars").is_ok());
+    }
+
+    fn arb_header() -> impl Strategy<Value = RecordHeader> {
+        (
+            prop_oneof![Just(RecordKind::Block), Just(RecordKind::Link), Just(RecordKind::Tombstone)],
+            any::<u64>(),
+            "[a-z][a-z0-9_-]{0,20}",
+            ".{1,60}",
+            0u64..1_000_000,
+            any::<Option<u64>>(),
+            any::<Option<[u8; 32]>>(),
+            proptest::collection::vec(any::<u8>(), 0..300),
+            any::<u32>(),
+        )
+            .prop_map(|(kind, seq, namespace, key, raw_len, group_id, parent_hash, params, ttl_secs)| {
+                let stored_len = if kind == RecordKind::Block { raw_len } else { 0 };
+                RecordHeader {
+                    kind,
+                    segment_seq: seq,
+                    payload_crc: seq as u32,
+                    namespace,
+                    key,
+                    content_hash: [seq as u8; 32],
+                    raw_len,
+                    stored_len,
+                    created_unix_ms: seq / 3,
+                    ttl_secs,
+                    group_id,
+                    parent_hash,
+                    desc: BlockDesc { dtype: Dtype::U8, layout: Layout::Opaque, shape: vec![raw_len] },
+                    compression: CompressionMeta { codec_id: 0, codec_version: 1, params },
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trips(h in arb_header()) {
+            prop_assert_eq!(RecordHeader::decode(&h.encode()).unwrap(), h);
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = RecordHeader::decode(&bytes);
+        }
+
+        #[test]
+        fn decode_of_mutated_header_never_panics(h in arb_header(), at in any::<prop::sample::Index>(), v in any::<u8>()) {
+            let mut enc = h.encode();
+            let i = at.index(enc.len());
+            enc[i] = v;
+            let _ = RecordHeader::decode(&enc);
+        }
+    }
+}
