@@ -9,7 +9,7 @@
 //!                    segment_count u32, namespace_count u32, content_count u64, key_count u64
 //! segments 16 bytes each: seq u64 (0 = free), end_unit u32, state u8, reserved [3]
 //! names    per namespace: len u16, UTF-8 bytes
-//! contents 28 bytes each: fp u64, segment u32, unit u32, units u32, raw_len u32, ns u16, reserved u16
+//! contents 36 bytes each: fp [16], segment u32, unit u32, units u32, raw_len u32, ns u16, reserved u16
 //! keys     36 bytes each: fp [16], content u32, segment u32, unit u32, expires_unix_s u32, ns u16, reserved u16
 //! crc32c   u32 over everything before it
 //! ```
@@ -24,7 +24,7 @@ pub const MAGIC: [u8; 8] = *b"KVHCKPT\0";
 pub const VERSION: u32 = 1;
 const HEADER_BYTES: usize = 80;
 const SEGMENT_BYTES: usize = 16;
-const CONTENT_BYTES: usize = 28;
+const CONTENT_BYTES: usize = 36;
 const KEY_BYTES: usize = 36;
 const WHAT: &str = "checkpoint";
 
@@ -43,7 +43,7 @@ pub struct SegmentState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ContentEntry {
     /// Fingerprint of (namespace, content hash).
-    pub fp: u64,
+    pub fp: [u8; 16],
     /// Segment of the block record.
     pub segment: u32,
     /// Unit of the block record in its segment.
@@ -128,7 +128,7 @@ impl Checkpoint {
             w.bytes(n.as_bytes());
         }
         for c in &self.contents {
-            w.u64(c.fp);
+            w.bytes(&c.fp);
             w.u32(c.segment);
             w.u32(c.unit);
             w.u32(c.units);
@@ -228,7 +228,7 @@ fn decode_name(r: &mut Reader<'_>) -> Result<String, FormatError> {
 }
 
 fn decode_content(r: &mut Reader<'_>) -> Result<ContentEntry, FormatError> {
-    let c = ContentEntry { fp: r.u64()?, segment: r.u32()?, unit: r.u32()?, units: r.u32()?, raw_len: r.u32()?, ns: r.u16()? };
+    let c = ContentEntry { fp: r.array()?, segment: r.u32()?, unit: r.u32()?, units: r.u32()?, raw_len: r.u32()?, ns: r.u16()? };
     r.u16()?;
     Ok(c)
 }
@@ -253,7 +253,7 @@ mod tests {
             next_segment_seq: 10,
             segments: vec![SegmentState { seq: 9, end_unit: 12, sealed: false }, SegmentState { seq: 0, end_unit: 0, sealed: false }],
             namespaces: vec!["default".into(), "tenant-b".into()],
-            contents: vec![ContentEntry { fp: 5, segment: 0, unit: 1, units: 3, raw_len: 9000, ns: 1 }],
+            contents: vec![ContentEntry { fp: [5; 16], segment: 0, unit: 1, units: 3, raw_len: 9000, ns: 1 }],
             keys: vec![KeyEntry { fp: [2; 16], content: 0, segment: 0, unit: 1, expires_unix_s: 0, ns: 1 }],
         }
     }

@@ -1,0 +1,130 @@
+//! Where checkpoints are kept: files beside a directory volume (written to a temporary file,
+//! fsynced, renamed, and the directory fsynced), or two alternating slots on a raw device.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvhoard_format::checkpoint::Checkpoint;
+use kvhoard_format::superblock::Superblock;
+use kvhoard_format::{align_up, UNIT_BYTES};
+
+use crate::device::BlockDevice;
+use crate::error::{Result, StoreError};
+use crate::AlignedBuf;
+
+/// Name of the checkpoint file in a directory volume.
+pub const CHECKPOINT_FILE: &str = "checkpoint";
+
+/// Where this volume's checkpoints live.
+#[derive(Debug, Clone)]
+pub enum CheckpointStore {
+    /// A file in the volume directory.
+    Files {
+        /// The volume directory.
+        dir: PathBuf,
+    },
+    /// Two slots on the device; the newer valid one wins.
+    Slots {
+        /// Offset of slot 0.
+        offset: u64,
+        /// Bytes per slot.
+        slot_bytes: u64,
+    },
+    /// Nowhere: every open replays the summaries.
+    None,
+}
+
+impl CheckpointStore {
+    /// The store a volume uses.
+    pub fn for_volume(sb: &Superblock, meta_dir: Option<PathBuf>) -> CheckpointStore {
+        match (sb.checkpoint_slot_bytes, meta_dir) {
+            (0, Some(dir)) => CheckpointStore::Files { dir },
+            (0, None) => CheckpointStore::None,
+            (slot_bytes, _) => CheckpointStore::Slots { offset: sb.checkpoint_offset, slot_bytes },
+        }
+    }
+
+    /// The newest checkpoint that decodes and belongs to `volume_id`. Damaged or foreign ones
+    /// are logged and ignored: the log is the source of truth, a checkpoint only saves time.
+    pub fn load(&self, dev: &dyn BlockDevice, volume_id: [u8; 16]) -> Option<Checkpoint> {
+        let candidates: Vec<(String, Vec<u8>)> = match self {
+            CheckpointStore::Files { dir } => {
+                let path = dir.join(CHECKPOINT_FILE);
+                match std::fs::read(&path) {
+                    Ok(bytes) => vec![(path.display().to_string(), bytes)],
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot read checkpoint; replaying the log");
+                        vec![]
+                    }
+                }
+            }
+            CheckpointStore::Slots { offset, slot_bytes } => (0..2u64)
+                .filter_map(|i| read_slot(dev, offset + i * slot_bytes, *slot_bytes).map(|b| (format!("checkpoint slot {i}"), b)))
+                .collect(),
+            CheckpointStore::None => vec![],
+        };
+        candidates
+            .into_iter()
+            .filter_map(|(place, bytes)| match Checkpoint::decode(&bytes) {
+                Ok(cp) if cp.volume_id == volume_id => Some(cp),
+                Ok(_) => {
+                    tracing::warn!(%place, "checkpoint belongs to another volume; ignoring it");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(%place, error = %e, "checkpoint is damaged; ignoring it");
+                    None
+                }
+            })
+            .max_by_key(|cp| cp.checkpoint_seq)
+    }
+
+    /// Writes `cp` so that a crash at any point leaves either it or the previous one readable.
+    pub fn save(&self, dev: &dyn BlockDevice, cp: &Checkpoint) -> Result<bool> {
+        let bytes = cp.encode();
+        match self {
+            CheckpointStore::Files { dir } => {
+                let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+                let dst = dir.join(CHECKPOINT_FILE);
+                let io = |action, path: &PathBuf| {
+                    let path = path.clone();
+                    move |source| StoreError::File { action, path, source }
+                };
+                let mut f = std::fs::File::create(&tmp).map_err(io("cannot create", &tmp))?;
+                f.write_all(&bytes).map_err(io("cannot write", &tmp))?;
+                f.sync_all().map_err(io("cannot sync", &tmp))?;
+                std::fs::rename(&tmp, &dst).map_err(io("cannot rename", &tmp))?;
+                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("cannot sync", dir))?;
+                Ok(true)
+            }
+            CheckpointStore::Slots { offset, slot_bytes } => {
+                let needed = align_up(8 + bytes.len() as u64).unwrap_or(u64::MAX);
+                if needed > *slot_bytes {
+                    tracing::warn!(needed, slot_bytes, "checkpoint does not fit its slot; open will replay the log instead");
+                    return Ok(false);
+                }
+                let mut buf = AlignedBuf::zeroed(needed as usize);
+                buf.get_mut(..8).map(|s| s.copy_from_slice(&(bytes.len() as u64).to_le_bytes()));
+                buf.get_mut(8..8 + bytes.len()).map(|s| s.copy_from_slice(&bytes));
+                dev.write_at(&buf, offset + (cp.checkpoint_seq % 2) * slot_bytes)?;
+                dev.sync()?;
+                Ok(true)
+            }
+            CheckpointStore::None => Ok(false),
+        }
+    }
+}
+
+fn read_slot(dev: &dyn BlockDevice, offset: u64, slot_bytes: u64) -> Option<Vec<u8>> {
+    let mut first = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    dev.read_at(&mut first, offset).ok()?;
+    let len = u64::from_le_bytes(first.get(..8)?.try_into().ok()?);
+    if len == 0 || len > slot_bytes.saturating_sub(8) {
+        return None;
+    }
+    let total = align_up(8 + len)?;
+    let mut buf = AlignedBuf::zeroed(total as usize);
+    dev.read_at(&mut buf, offset).ok()?;
+    buf.get(8..8 + len as usize).map(<[u8]>::to_vec)
+}

@@ -1,0 +1,226 @@
+//! An in-memory device for crash and fault-injection tests.
+//!
+//! It keeps two images: `written` (what reads see) and `durable` (what survives a crash). A
+//! `sync` makes the written image durable. [`MemDevice::crash`] returns the device as it would be
+//! after power loss: the durable image plus each unsynced write kept whole, dropped, or torn at a
+//! 512-byte sector boundary, chosen by a seed.
+
+use std::sync::Mutex;
+
+use kvhoard_format::UNIT_BYTES;
+
+use super::{check_request, BlockDevice, Capabilities, DeviceError};
+
+/// What happens to writes that were not synced when the device "crashes".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashMode {
+    /// Every unsynced write reached the medium (a process crash).
+    KeepAll,
+    /// No unsynced write reached the medium.
+    DropAll,
+    /// Each unsynced write, chosen by the seed, is kept, dropped, or torn at a sector boundary.
+    Random(u64),
+}
+
+/// Which operation an injected fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `read_at`.
+    Read,
+    /// `write_at`.
+    Write,
+    /// `sync`.
+    Sync,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    written: Vec<u8>,
+    durable: Vec<u8>,
+    /// (offset, len) of writes since the last sync, in order.
+    unsynced: Vec<(u64, u64)>,
+    /// Fail the n-th next operation of a kind (1 = the next one).
+    faults: Vec<(FaultKind, u64)>,
+}
+
+/// An in-memory [`BlockDevice`] that can crash and fail on purpose.
+#[derive(Debug)]
+pub struct MemDevice {
+    state: Mutex<State>,
+    capacity: u64,
+}
+
+const SECTOR_BYTES: u64 = 512;
+
+impl MemDevice {
+    /// A zeroed device of `capacity` bytes.
+    pub fn new(capacity: u64) -> MemDevice {
+        Self::from_image(vec![0; capacity as usize])
+    }
+
+    /// A device holding `image`, all of it durable.
+    pub fn from_image(image: Vec<u8>) -> MemDevice {
+        let capacity = image.len() as u64;
+        MemDevice { state: Mutex::new(State { written: image.clone(), durable: image, ..State::default() }), capacity }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this lock can only come from a test assertion; the images are
+        // still consistent byte arrays, so keep using them.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the `n`-th next operation of `kind` fail with EIO (n = 1: the very next one).
+    pub fn fail_nth(&self, kind: FaultKind, n: u64) {
+        self.lock().faults.push((kind, n));
+    }
+
+    /// The image a crash right now would leave behind, as a new device.
+    pub fn crash(&self, mode: CrashMode) -> MemDevice {
+        let state = self.lock();
+        let mut image = state.durable.clone();
+        let mut rng = match mode {
+            CrashMode::Random(seed) => seed | 1,
+            _ => 1,
+        };
+        for &(offset, len) in &state.unsynced {
+            let keep = match mode {
+                CrashMode::KeepAll => len,
+                CrashMode::DropAll => 0,
+                CrashMode::Random(_) => match xorshift(&mut rng) % 3 {
+                    0 => 0,
+                    1 => len,
+                    _ => (xorshift(&mut rng) % (len / SECTOR_BYTES + 1)) * SECTOR_BYTES,
+                },
+            };
+            let (start, end) = (offset as usize, (offset + keep) as usize);
+            if let (Some(dst), Some(src)) = (image.get_mut(start..end), state.written.get(start..end)) {
+                dst.copy_from_slice(src);
+            }
+        }
+        MemDevice::from_image(image)
+    }
+
+    /// The bytes reads currently see.
+    pub fn image(&self) -> Vec<u8> {
+        self.lock().written.clone()
+    }
+
+    fn take_fault(state: &mut State, kind: FaultKind) -> bool {
+        let mut hit = false;
+        state.faults.retain_mut(|(k, n)| {
+            if *k != kind {
+                return true;
+            }
+            *n -= 1;
+            if *n == 0 {
+                hit = true;
+                return false;
+            }
+            true
+        });
+        hit
+    }
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+fn eio(op: &'static str, offset: u64, len: u64) -> DeviceError {
+    DeviceError::Io { op, offset, len, source: std::io::Error::from_raw_os_error(libc::EIO) }
+}
+
+impl BlockDevice for MemDevice {
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        check_request("read", offset, buf.len(), self.capacity, UNIT_BYTES)?;
+        let mut state = self.lock();
+        if Self::take_fault(&mut state, FaultKind::Read) {
+            return Err(eio("read", offset, buf.len() as u64));
+        }
+        let src = state.written.get(offset as usize..offset as usize + buf.len());
+        buf.copy_from_slice(src.ok_or_else(|| eio("read", offset, buf.len() as u64))?);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
+        check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES)?;
+        let mut state = self.lock();
+        if Self::take_fault(&mut state, FaultKind::Write) {
+            return Err(eio("write", offset, buf.len() as u64));
+        }
+        let dst = state.written.get_mut(offset as usize..offset as usize + buf.len());
+        dst.ok_or_else(|| eio("write", offset, buf.len() as u64))?.copy_from_slice(buf);
+        state.unsynced.push((offset, buf.len() as u64));
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), DeviceError> {
+        let mut state = self.lock();
+        if Self::take_fault(&mut state, FaultKind::Sync) {
+            // Like a failed fsync: what was unsynced stays unsynced and may be lost.
+            return Err(eio("sync", 0, 0));
+        }
+        let State { written, durable, unsynced, .. } = &mut *state;
+        for &(offset, len) in unsynced.iter() {
+            let range = offset as usize..(offset + len) as usize;
+            if let (Some(dst), Some(src)) = (durable.get_mut(range.clone()), written.get(range)) {
+                dst.copy_from_slice(src);
+            }
+        }
+        unsynced.clear();
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { backend: "memory", direct_io: false, alignment: UNIT_BYTES }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::AlignedBuf;
+
+    #[test]
+    fn passes_the_conformance_suite() {
+        crate::device::conformance::run(&MemDevice::new(1 << 20));
+    }
+
+    #[test]
+    fn crash_drops_unsynced_and_keeps_synced_writes() {
+        let dev = MemDevice::new(1 << 16);
+        let mut a = AlignedBuf::zeroed(4096);
+        a.fill(1);
+        dev.write_at(&a, 0).unwrap();
+        dev.sync().unwrap();
+        a.fill(2);
+        dev.write_at(&a, 4096).unwrap();
+        let after = dev.crash(CrashMode::DropAll).image();
+        assert!(after[..4096].iter().all(|&b| b == 1));
+        assert!(after[4096..8192].iter().all(|&b| b == 0));
+        let kept = dev.crash(CrashMode::KeepAll).image();
+        assert!(kept[4096..8192].iter().all(|&b| b == 2));
+    }
+
+    #[test]
+    fn injected_faults_fire_once_at_the_chosen_operation() {
+        let dev = MemDevice::new(1 << 16);
+        let buf = AlignedBuf::zeroed(4096);
+        dev.fail_nth(FaultKind::Write, 2);
+        dev.write_at(&buf, 0).unwrap();
+        assert!(dev.write_at(&buf, 0).is_err());
+        dev.write_at(&buf, 0).unwrap();
+        dev.fail_nth(FaultKind::Sync, 1);
+        assert!(dev.sync().is_err());
+        dev.sync().unwrap();
+    }
+}

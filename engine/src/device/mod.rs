@@ -1,0 +1,128 @@
+//! Block devices: where the log's bytes go.
+//!
+//! All engine I/O goes through [`BlockDevice`]: unit-aligned reads and writes at absolute byte
+//! offsets, and a flush. [`FileDevice`] is the portable pread/pwrite backend (with O_DIRECT where
+//! the file system allows it); [`MemDevice`] keeps a written and a durable image and can simulate
+//! a crash that drops or tears unsynced writes, and inject I/O errors.
+
+mod file;
+mod memory;
+
+pub use file::FileDevice;
+pub use memory::{CrashMode, FaultKind, MemDevice};
+
+use thiserror::Error;
+
+/// An I/O failure of a device.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The operating system reported an error.
+    #[error("{op} of {len} bytes at offset {offset} failed: {source}")]
+    Io {
+        /// read, write or sync.
+        op: &'static str,
+        /// Byte offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: u64,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The request is not aligned to the device's unit.
+    #[error("{op} at offset {offset} of {len} bytes is not aligned to {alignment} bytes")]
+    Misaligned {
+        /// read or write.
+        op: &'static str,
+        /// Byte offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: u64,
+        /// The alignment the device needs.
+        alignment: u64,
+    },
+    /// The request reaches past the end of the device.
+    #[error("{op} of {len} bytes at offset {offset} is past the end of the device ({capacity} bytes)")]
+    OutOfRange {
+        /// read or write.
+        op: &'static str,
+        /// Byte offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: u64,
+        /// Device size.
+        capacity: u64,
+    },
+}
+
+/// What a device can do, for `kvhoard stat` and for choosing buffer alignment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Backend name: `pread`, `memory`, ...
+    pub backend: &'static str,
+    /// Whether reads and writes bypass the page cache.
+    pub direct_io: bool,
+    /// Offsets, lengths and buffer addresses must be multiples of this.
+    pub alignment: u64,
+}
+
+/// A byte-addressed device with aligned I/O.
+///
+/// Contract: `offset` and `buf.len()` are multiples of [`Capabilities::alignment`], and buffers
+/// are aligned likewise (the engine uses [`crate::AlignedBuf`]); a misaligned or out-of-range
+/// request fails with a typed error and touches nothing. A completed `write_at` is visible to
+/// later `read_at`s; it is durable only after a later `sync` returns.
+pub trait BlockDevice: Send + Sync + std::fmt::Debug {
+    /// Size of the device in bytes.
+    fn capacity_bytes(&self) -> u64;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
+    /// Makes every completed write durable (fdatasync).
+    fn sync(&self) -> Result<(), DeviceError>;
+    /// What the device can do.
+    fn capabilities(&self) -> Capabilities;
+}
+
+/// Checks a request against the device contract.
+pub(crate) fn check_request(
+    op: &'static str,
+    offset: u64,
+    len: usize,
+    capacity: u64,
+    alignment: u64,
+) -> Result<(), DeviceError> {
+    let len = len as u64;
+    if offset % alignment != 0 || len % alignment != 0 {
+        return Err(DeviceError::Misaligned { op, offset, len, alignment });
+    }
+    if offset.checked_add(len).is_none_or(|end| end > capacity) {
+        return Err(DeviceError::OutOfRange { op, offset, len, capacity });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod conformance {
+    //! The behaviour every backend must show; each backend's tests call [`run`].
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::AlignedBuf;
+
+    pub(crate) fn run(dev: &dyn BlockDevice) {
+        let unit = dev.capabilities().alignment;
+        let mut w = AlignedBuf::zeroed(2 * unit as usize);
+        w.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+        dev.write_at(&w, unit).unwrap();
+        let mut r = AlignedBuf::zeroed(2 * unit as usize);
+        dev.read_at(&mut r, unit).unwrap();
+        assert_eq!(&r[..], &w[..]);
+        dev.sync().unwrap();
+        assert!(matches!(dev.write_at(&w, 1), Err(DeviceError::Misaligned { .. })));
+        assert!(matches!(dev.read_at(&mut r[..100], 0), Err(DeviceError::Misaligned { .. })));
+        let end = dev.capacity_bytes() / unit * unit;
+        assert!(matches!(dev.read_at(&mut r, end), Err(DeviceError::OutOfRange { .. })));
+        assert!(matches!(dev.write_at(&w, u64::MAX - unit + 1), Err(DeviceError::OutOfRange { .. }) | Err(DeviceError::Misaligned { .. })));
+    }
+}

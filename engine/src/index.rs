@@ -1,0 +1,522 @@
+//! The in-memory index: key → stored block → location.
+//!
+//! Keys and blocks are held by 128-bit fingerprints (truncated blake3 of namespace and key, or of
+//! namespace and content hash), never by their strings, so an entry has a fixed small size; key
+//! names live on disk in record headers and segment summaries. Two tables:
+//!
+//! - `keys`: fingerprint → block slot, the key's own record (block or link), expiry, namespace;
+//! - `contents`: a slab of stored blocks (fingerprint, location, size, refcount), found by
+//!   fingerprint through `content_table`.
+//!
+//! The index is changed in log order only (under the log's lock), so replaying the log from a
+//! checkpoint rebuilds exactly the index that was in memory.
+
+use hashbrown::HashTable;
+use std::collections::HashMap;
+
+use kvhoard_format::checkpoint as ckpt;
+
+/// Fingerprint of a (namespace, key) pair.
+pub type KeyFp = [u8; 16];
+/// Fingerprint of a (namespace, content hash) pair: identical bytes in one namespace share it.
+pub type ContentFp = [u8; 16];
+
+/// Where a record starts: segment and unit within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Loc {
+    /// Segment index.
+    pub segment: u32,
+    /// Unit from the segment's start.
+    pub unit: u32,
+}
+
+/// Fingerprint of a key in a namespace.
+pub fn key_fp(namespace: &str, key: &str) -> KeyFp {
+    fp(&[namespace.as_bytes(), &[0], key.as_bytes()])
+}
+
+/// Fingerprint of a content hash in a namespace. Namespaces never share a fingerprint, so they
+/// never share storage.
+pub fn content_fp(namespace: &str, hash: &[u8; 32]) -> ContentFp {
+    fp(&[namespace.as_bytes(), &[1], hash])
+}
+
+fn fp(parts: &[&[u8]]) -> [u8; 16] {
+    let mut h = blake3::Hasher::new();
+    parts.iter().for_each(|p| {
+        h.update(p);
+    });
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    out
+}
+
+fn hash_of(fp: &[u8; 16]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&fp[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// A key's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyEntry {
+    /// Fingerprint of (namespace, key).
+    pub fp: KeyFp,
+    /// Slot of the block in the content slab.
+    pub content: u32,
+    /// The key's own record (block or link).
+    pub record: Loc,
+    /// Unix seconds after which the key is expired; 0 = never.
+    pub expires_unix_s: u32,
+    /// Namespace id.
+    pub ns: u16,
+}
+
+/// A stored block's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentEntry {
+    /// Fingerprint of (namespace, content hash).
+    pub fp: ContentFp,
+    /// The block record.
+    pub record: Loc,
+    /// Units the record occupies.
+    pub units: u32,
+    /// Raw bytes of the block.
+    pub raw_len: u32,
+    /// Keys that refer to it; 0 marks a free slot.
+    pub refs: u32,
+    /// Namespace id.
+    pub ns: u16,
+}
+
+/// Counters of one namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NsCounters {
+    /// Keys.
+    pub keys: u64,
+    /// Sum of the raw sizes of the keys' blocks (what clients stored).
+    pub logical_bytes: u64,
+    /// Distinct stored blocks.
+    pub blocks: u64,
+    /// Raw bytes of the distinct blocks (what dedup left).
+    pub unique_bytes: u64,
+    /// Bytes their records occupy on disk.
+    pub stored_bytes: u64,
+}
+
+/// What removing a segment's blocks dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Keys that no longer resolve.
+    pub keys: u64,
+    /// Blocks removed.
+    pub blocks: u64,
+    /// Their raw bytes.
+    pub bytes: u64,
+}
+
+/// The index. See the module documentation.
+#[derive(Debug, Default)]
+pub struct Index {
+    keys: HashTable<KeyEntry>,
+    contents: Vec<ContentEntry>,
+    content_table: HashTable<u32>,
+    free_slots: Vec<u32>,
+    names: Vec<String>,
+    ids: HashMap<String, u16>,
+    counters: Vec<NsCounters>,
+}
+
+impl Index {
+    /// The id of a namespace, if any record ever used it.
+    pub fn ns_id(&self, name: &str) -> Option<u16> {
+        self.ids.get(name).copied()
+    }
+
+    /// The id of a namespace, registering it if new; `None` when 65,536 namespaces exist.
+    pub fn ns_id_or_insert(&mut self, name: &str) -> Option<u16> {
+        if let Some(&id) = self.ids.get(name) {
+            return Some(id);
+        }
+        let id = u16::try_from(self.names.len()).ok()?;
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        self.counters.push(NsCounters::default());
+        Some(id)
+    }
+
+    /// Namespace names by id.
+    pub fn namespaces(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Counters of namespace `id`.
+    pub fn counters(&self, id: u16) -> NsCounters {
+        self.counters.get(usize::from(id)).copied().unwrap_or_default()
+    }
+
+    /// The entry of a key.
+    pub fn key(&self, fp: &KeyFp) -> Option<&KeyEntry> {
+        self.keys.find(hash_of(fp), |k| k.fp == *fp)
+    }
+
+    /// The slot of a stored block.
+    pub fn content_slot(&self, fp: &ContentFp) -> Option<u32> {
+        let contents = &self.contents;
+        self.content_table
+            .find(hash_of(fp), |&s| contents.get(s as usize).is_some_and(|c| c.fp == *fp))
+            .copied()
+    }
+
+    /// The entry in a slot.
+    pub fn content(&self, slot: u32) -> Option<&ContentEntry> {
+        self.contents.get(slot as usize).filter(|c| c.refs > 0)
+    }
+
+    /// Number of keys.
+    pub fn key_count(&self) -> u64 {
+        self.keys.len() as u64
+    }
+
+    /// Number of stored blocks.
+    pub fn block_count(&self) -> u64 {
+        self.content_table.len() as u64
+    }
+
+    /// Bytes of memory the tables hold (capacity, not just what is used).
+    pub fn memory_bytes(&self) -> u64 {
+        let key_bytes = self.keys.capacity() * (std::mem::size_of::<KeyEntry>() + 1);
+        let table_bytes = self.content_table.capacity() * (std::mem::size_of::<u32>() + 1);
+        let slab_bytes = self.contents.capacity() * std::mem::size_of::<ContentEntry>();
+        (key_bytes + table_bytes + slab_bytes + self.free_slots.capacity() * 4) as u64
+    }
+
+    /// Applies a block record: the block is stored at `record`, and `key` now names it.
+    /// If the same bytes were already stored, the newer record becomes their location.
+    pub fn apply_block(&mut self, ns: u16, key: KeyFp, content: ContentFp, record: Loc, units: u32, raw_len: u32, expires_unix_s: u32) {
+        let slot = match self.content_slot(&content) {
+            Some(slot) => {
+                if let Some(c) = self.contents.get_mut(slot as usize) {
+                    c.record = record;
+                    c.units = units;
+                }
+                slot
+            }
+            None => self.insert_content(ContentEntry { fp: content, record, units, raw_len, refs: 0, ns }),
+        };
+        self.set_key(KeyEntry { fp: key, content: slot, record, expires_unix_s, ns });
+    }
+
+    /// Applies a link record: `key` names bytes already stored. Returns false (and changes
+    /// nothing) if those bytes are no longer stored.
+    pub fn apply_link(&mut self, ns: u16, key: KeyFp, content: ContentFp, record: Loc, expires_unix_s: u32) -> bool {
+        match self.content_slot(&content) {
+            Some(slot) => {
+                self.set_key(KeyEntry { fp: key, content: slot, record, expires_unix_s, ns });
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Applies a tombstone or an expiry: the key is gone.
+    pub fn remove_key(&mut self, key: &KeyFp) -> bool {
+        match self.keys.find_entry(hash_of(key), |k| k.fp == *key) {
+            Ok(entry) => {
+                let (old, _) = entry.remove();
+                self.release(old);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Removes every block stored in `segment` and every key whose record is there or whose
+    /// block was there.
+    pub fn drop_segment(&mut self, segment: u32) -> Dropped {
+        let mut dropped = Dropped::default();
+        let mut unused = Vec::new();
+        let Index { keys, contents, counters, .. } = self;
+        keys.retain(|k| {
+            let content = contents.get_mut(k.content as usize);
+            let gone = k.record.segment == segment || content.as_ref().is_none_or(|c| c.record.segment == segment);
+            if gone {
+                dropped.keys += 1;
+                if let Some(c) = content {
+                    if let Some(n) = counters.get_mut(usize::from(k.ns)) {
+                        n.keys -= 1;
+                        n.logical_bytes -= u64::from(c.raw_len);
+                    }
+                    c.refs = c.refs.saturating_sub(1);
+                    if c.refs == 0 && c.record.segment != segment {
+                        unused.push(k.content);
+                    }
+                }
+            }
+            !gone
+        });
+        let contents = &self.contents;
+        let in_segment: Vec<u32> = self
+            .content_table
+            .iter()
+            .copied()
+            .filter(|&s| contents.get(s as usize).is_some_and(|c| c.record.segment == segment))
+            .collect();
+        for &s in &in_segment {
+            dropped.blocks += 1;
+            dropped.bytes += self.contents.get(s as usize).map_or(0, |c| u64::from(c.raw_len));
+        }
+        for s in in_segment.into_iter().chain(unused) {
+            self.free_content(s);
+        }
+        dropped
+    }
+
+    /// Removes keys that expired at or before `now_unix_s`; returns how many.
+    pub fn purge_expired(&mut self, now_unix_s: u32) -> u64 {
+        let expired: Vec<KeyFp> = self.keys.iter().filter(|k| is_expired(k, now_unix_s)).map(|k| k.fp).collect();
+        expired.iter().for_each(|fp| {
+            self.remove_key(fp);
+        });
+        expired.len() as u64
+    }
+
+    fn set_key(&mut self, entry: KeyEntry) {
+        if let Some(c) = self.contents.get_mut(entry.content as usize) {
+            c.refs += 1;
+        }
+        self.count_key(&entry, true);
+        let hash = hash_of(&entry.fp);
+        match self.keys.find_mut(hash, |k| k.fp == entry.fp) {
+            Some(slot) => {
+                let old = std::mem::replace(slot, entry);
+                self.release(old);
+            }
+            None => {
+                self.keys.insert_unique(hash, entry, |k| hash_of(&k.fp));
+            }
+        }
+    }
+
+    fn count_key(&mut self, k: &KeyEntry, add: bool) {
+        let raw = self.contents.get(k.content as usize).map_or(0, |c| u64::from(c.raw_len));
+        if let Some(n) = self.counters.get_mut(usize::from(k.ns)) {
+            if add {
+                n.keys += 1;
+                n.logical_bytes += raw;
+            } else {
+                n.keys -= 1;
+                n.logical_bytes -= raw;
+            }
+        }
+    }
+
+    /// A key stopped referring to its block.
+    fn release(&mut self, old: KeyEntry) {
+        self.count_key(&old, false);
+        let now_unused = match self.contents.get_mut(old.content as usize) {
+            Some(c) => {
+                c.refs = c.refs.saturating_sub(1);
+                c.refs == 0
+            }
+            None => false,
+        };
+        if now_unused {
+            self.free_content(old.content);
+        }
+    }
+
+    fn insert_content(&mut self, entry: ContentEntry) -> u32 {
+        if let Some(n) = self.counters.get_mut(usize::from(entry.ns)) {
+            n.blocks += 1;
+            n.unique_bytes += u64::from(entry.raw_len);
+            n.stored_bytes += u64::from(entry.units) * kvhoard_format::UNIT_BYTES;
+        }
+        // A new block has no references yet; mark the slot used so content() finds it once a
+        // key refers to it.
+        let entry = ContentEntry { refs: 0, ..entry };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                if let Some(c) = self.contents.get_mut(s as usize) {
+                    *c = entry;
+                }
+                s
+            }
+            None => {
+                self.contents.push(entry);
+                (self.contents.len() - 1) as u32
+            }
+        };
+        let contents = &self.contents;
+        self.content_table.insert_unique(hash_of(&entry.fp), slot, |&s| contents.get(s as usize).map_or(0, |c| hash_of(&c.fp)));
+        slot
+    }
+
+    fn free_content(&mut self, slot: u32) {
+        let Some(entry) = self.contents.get(slot as usize).copied() else { return };
+        if let Ok(e) = self.content_table.find_entry(hash_of(&entry.fp), |&s| s == slot) {
+            e.remove();
+        }
+        if let Some(n) = self.counters.get_mut(usize::from(entry.ns)) {
+            n.blocks -= 1;
+            n.unique_bytes -= u64::from(entry.raw_len);
+            n.stored_bytes -= u64::from(entry.units) * kvhoard_format::UNIT_BYTES;
+        }
+        if let Some(c) = self.contents.get_mut(slot as usize) {
+            c.refs = 0;
+            c.fp = [0; 16];
+        }
+        self.free_slots.push(slot);
+    }
+
+    /// Keys, for a scan that needs them all (checkpoint, fsck).
+    pub fn keys(&self) -> impl Iterator<Item = &KeyEntry> {
+        self.keys.iter()
+    }
+
+    /// Rebuilds the index from a checkpoint, keeping only entries whose segments `keep` accepts
+    /// (segments reused or freed since the checkpoint are left out). Keys whose block is left out
+    /// are left out too.
+    pub fn from_checkpoint(cp: &ckpt::Checkpoint, keep: impl Fn(u32) -> bool) -> Index {
+        let mut ix = Index::default();
+        for name in &cp.namespaces {
+            ix.ns_id_or_insert(name);
+        }
+        let slots: Vec<Option<u32>> = cp
+            .contents
+            .iter()
+            .map(|c| {
+                keep(c.segment).then(|| {
+                    let record = Loc { segment: c.segment, unit: c.unit };
+                    ix.insert_content(ContentEntry { fp: c.fp, record, units: c.units, raw_len: c.raw_len, refs: 0, ns: c.ns })
+                })
+            })
+            .collect();
+        for k in &cp.keys {
+            let Some(&Some(slot)) = slots.get(k.content as usize) else { continue };
+            if keep(k.segment) {
+                let record = Loc { segment: k.segment, unit: k.unit };
+                ix.set_key(KeyEntry { fp: k.fp, content: slot, record, expires_unix_s: k.expires_unix_s, ns: k.ns });
+            }
+        }
+        let unused: Vec<u32> = slots.into_iter().flatten().filter(|&s| ix.contents.get(s as usize).is_some_and(|c| c.refs == 0)).collect();
+        unused.into_iter().for_each(|s| ix.free_content(s));
+        ix
+    }
+
+    /// The index as checkpoint entries (contents renumbered densely).
+    pub fn to_checkpoint(&self) -> (Vec<ckpt::ContentEntry>, Vec<ckpt::KeyEntry>) {
+        let mut dense = vec![u32::MAX; self.contents.len()];
+        let mut contents = Vec::with_capacity(self.content_table.len());
+        for (slot, c) in self.contents.iter().enumerate() {
+            if c.refs > 0 {
+                if let Some(d) = dense.get_mut(slot) {
+                    *d = contents.len() as u32;
+                }
+                contents.push(ckpt::ContentEntry {
+                    fp: c.fp,
+                    segment: c.record.segment,
+                    unit: c.record.unit,
+                    units: c.units,
+                    raw_len: c.raw_len,
+                    ns: c.ns,
+                });
+            }
+        }
+        let keys = self
+            .keys
+            .iter()
+            .map(|k| ckpt::KeyEntry {
+                fp: k.fp,
+                content: dense.get(k.content as usize).copied().unwrap_or(u32::MAX),
+                segment: k.record.segment,
+                unit: k.record.unit,
+                expires_unix_s: k.expires_unix_s,
+                ns: k.ns,
+            })
+            .collect();
+        (contents, keys)
+    }
+}
+
+/// Whether a key has expired at `now_unix_s`.
+pub fn is_expired(k: &KeyEntry, now_unix_s: u32) -> bool {
+    k.expires_unix_s != 0 && k.expires_unix_s <= now_unix_s
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn loc(segment: u32, unit: u32) -> Loc {
+        Loc { segment, unit }
+    }
+
+    #[test]
+    fn dedup_shares_one_block_and_refcounts_it() {
+        let mut ix = Index::default();
+        let ns = ix.ns_id_or_insert("default").unwrap();
+        let c = content_fp("default", &[9; 32]);
+        ix.apply_block(ns, key_fp("default", "a"), c, loc(0, 1), 3, 8000, 0);
+        assert!(ix.apply_link(ns, key_fp("default", "b"), c, loc(0, 4), 0));
+        assert_eq!(ix.block_count(), 1);
+        assert_eq!(ix.key_count(), 2);
+        let n = ix.counters(ns);
+        assert_eq!((n.logical_bytes, n.unique_bytes), (16000, 8000));
+        ix.remove_key(&key_fp("default", "a"));
+        assert_eq!(ix.block_count(), 1);
+        ix.remove_key(&key_fp("default", "b"));
+        assert_eq!(ix.block_count(), 0);
+        assert_eq!(ix.counters(ns), NsCounters::default());
+    }
+
+    #[test]
+    fn namespaces_never_share_blocks() {
+        assert_ne!(content_fp("a", &[1; 32]), content_fp("b", &[1; 32]));
+        assert_ne!(key_fp("a", "k"), key_fp("b", "k"));
+    }
+
+    #[test]
+    fn dropping_a_segment_drops_its_blocks_and_the_keys_that_reach_them() {
+        let mut ix = Index::default();
+        let ns = ix.ns_id_or_insert("default").unwrap();
+        let c1 = content_fp("default", &[1; 32]);
+        let c2 = content_fp("default", &[2; 32]);
+        ix.apply_block(ns, key_fp("default", "a"), c1, loc(0, 1), 2, 10, 0);
+        ix.apply_block(ns, key_fp("default", "b"), c2, loc(1, 1), 2, 10, 0);
+        assert!(ix.apply_link(ns, key_fp("default", "c"), c1, loc(1, 3), 0));
+        assert!(ix.apply_link(ns, key_fp("default", "d"), c2, loc(0, 3), 0));
+        let d = ix.drop_segment(0);
+        assert_eq!(d, Dropped { keys: 3, blocks: 1, bytes: 10 });
+        assert!(ix.key(&key_fp("default", "b")).is_some());
+        assert_eq!(ix.block_count(), 1);
+        assert_eq!(ix.counters(ns).keys, 1);
+        assert!(!ix.apply_link(ns, key_fp("default", "e"), c1, loc(1, 5), 0));
+    }
+
+    #[test]
+    fn overwrite_releases_the_old_block() {
+        let mut ix = Index::default();
+        let ns = ix.ns_id_or_insert("default").unwrap();
+        let k = key_fp("default", "a");
+        ix.apply_block(ns, k, content_fp("default", &[1; 32]), loc(0, 1), 2, 10, 0);
+        ix.apply_block(ns, k, content_fp("default", &[2; 32]), loc(0, 3), 2, 20, 0);
+        assert_eq!(ix.block_count(), 1);
+        assert_eq!(ix.counters(ns).logical_bytes, 20);
+        let (contents, keys) = ix.to_checkpoint();
+        assert_eq!((contents.len(), keys.len()), (1, 1));
+        assert_eq!(keys[0].content, 0);
+    }
+
+    #[test]
+    fn expired_keys_are_purged() {
+        let mut ix = Index::default();
+        let ns = ix.ns_id_or_insert("default").unwrap();
+        ix.apply_block(ns, key_fp("default", "a"), content_fp("default", &[1; 32]), loc(0, 1), 2, 10, 100);
+        ix.apply_block(ns, key_fp("default", "b"), content_fp("default", &[2; 32]), loc(0, 3), 2, 10, 0);
+        assert_eq!(ix.purge_expired(99), 0);
+        assert_eq!(ix.purge_expired(100), 1);
+        assert_eq!(ix.key_count(), 1);
+    }
+}

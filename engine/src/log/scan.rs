@@ -1,0 +1,156 @@
+//! Reading records back: one record for a `get`, all of a segment's records for recovery and
+//! listing (from its summary when sealed, by scanning when not).
+
+use kvhoard_format::record::{RecordHeader, RecordKind};
+use kvhoard_format::segment::{SegmentHeader, SummaryTrailer};
+use kvhoard_format::summary::{self, SummaryEntry};
+use kvhoard_format::superblock::Superblock;
+use kvhoard_format::{FormatError, UNIT_BYTES};
+
+use crate::device::{BlockDevice, DeviceError};
+use crate::AlignedBuf;
+
+/// A segment's records as read back.
+#[derive(Debug)]
+pub struct SegmentRecords {
+    /// Records at or after the requested unit, in log order.
+    pub entries: Vec<SummaryEntry>,
+    /// First unit after the last valid record.
+    pub end_unit: u32,
+    /// Whether they came from a valid summary.
+    pub sealed: bool,
+    /// Why a scan stopped before the end of the segment, if it did.
+    pub stop: Option<String>,
+}
+
+/// Reads the header of segment `index`; `None` if it is free or not of this volume.
+pub fn read_segment_header(dev: &dyn BlockDevice, sb: &Superblock, index: u32) -> Result<Option<SegmentHeader>, DeviceError> {
+    let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    dev.read_at(&mut unit, sb.segment_offset(index))?;
+    Ok(match SegmentHeader::decode(&unit) {
+        Ok(h) if h.volume_id == sb.volume_id && h.segment_index == index => Some(h),
+        Ok(_) => None,
+        Err(FormatError::BadMagic { .. }) => None,
+        Err(e) => {
+            tracing::error!(segment = index, error = %e, "segment header is damaged; treating the segment as free");
+            None
+        }
+    })
+}
+
+/// The records of segment `index` (use `seq`) from unit `from_unit` on.
+pub fn read_segment(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64, from_unit: u32) -> Result<SegmentRecords, DeviceError> {
+    match read_summary(dev, sb, index, seq)? {
+        Ok((entries, end_unit)) => {
+            let entries = entries.into_iter().filter(|e| e.unit >= from_unit).collect();
+            Ok(SegmentRecords { entries, end_unit, sealed: true, stop: None })
+        }
+        Err(why) => {
+            if let Some(why) = why {
+                tracing::warn!(segment = index, reason = %why, "segment summary unusable; scanning the segment");
+            }
+            scan(dev, sb, index, seq, from_unit.max(1))
+        }
+    }
+}
+
+/// The summary of a sealed segment; `Err(None)` when the segment is not sealed (no trailer of
+/// this use), `Err(Some(reason))` when the trailer or summary is damaged.
+#[allow(clippy::type_complexity)]
+fn read_summary(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64) -> Result<Result<(Vec<SummaryEntry>, u32), Option<String>>, DeviceError> {
+    let units = sb.segment_units();
+    let base = sb.segment_offset(index);
+    let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    dev.read_at(&mut unit, base + u64::from(units - 1) * UNIT_BYTES)?;
+    let trailer = match SummaryTrailer::decode(&unit, units) {
+        Ok(t) if t.seq == seq && t.segment_index == index => t,
+        Ok(_) | Err(FormatError::BadMagic { .. }) => return Ok(Err(None)),
+        Err(e) => return Ok(Err(Some(e.to_string()))),
+    };
+    let mut buf = AlignedBuf::zeroed(trailer.summary_bytes as usize);
+    dev.read_at(&mut buf, base + u64::from(trailer.summary_unit) * UNIT_BYTES)?;
+    let bytes = buf.get(..trailer.summary_bytes as usize).unwrap_or_default();
+    match summary::decode(bytes, trailer.record_count, trailer.summary_crc) {
+        Ok(entries) if entries.iter().all(|e| e.header.segment_seq == seq) => Ok(Ok((entries, trailer.end_unit))),
+        Ok(_) => Ok(Err(Some("summary lists records of another segment use".into()))),
+        Err(e) => Ok(Err(Some(e.to_string()))),
+    }
+}
+
+/// Walks records from `unit` until one does not decode, belongs to another use of the segment,
+/// or fails its payload checksum: that is where the segment's valid log ends (a torn tail).
+fn scan(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64, mut unit: u32) -> Result<SegmentRecords, DeviceError> {
+    let units = sb.segment_units();
+    let base = sb.segment_offset(index);
+    let mut entries = Vec::new();
+    let stop = loop {
+        if unit >= units - 1 {
+            break None;
+        }
+        match read_record_at(dev, base, unit, units - 1 - unit, Some(seq)) {
+            Ok(Ok((header, record_units, _))) => {
+                entries.push(SummaryEntry { unit, header });
+                unit += record_units;
+            }
+            Ok(Err(why)) => break Some(why),
+            Err(e) => return Err(e),
+        }
+    };
+    Ok(SegmentRecords { entries, end_unit: unit, sealed: false, stop })
+}
+
+/// Reads and checks the record at `unit` of the segment at `base`, which may take at most
+/// `max_units`. The inner `Err` says why the bytes there are not a valid record.
+#[allow(clippy::type_complexity)]
+pub fn read_record_at(
+    dev: &dyn BlockDevice,
+    base: u64,
+    unit: u32,
+    max_units: u32,
+    seq: Option<u64>,
+) -> Result<Result<(RecordHeader, u32, AlignedBuf), String>, DeviceError> {
+    let offset = base + u64::from(unit) * UNIT_BYTES;
+    let mut first = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    dev.read_at(&mut first, offset)?;
+    let header_len = match RecordHeader::peek_len(&first) {
+        Ok(len) => len,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let mut head = first;
+    if header_len as u64 > UNIT_BYTES {
+        head = AlignedBuf::zeroed(header_len);
+        dev.read_at(&mut head, offset)?;
+    }
+    let header = match RecordHeader::decode(&head) {
+        Ok(h) => h,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    if seq.is_some_and(|s| s != header.segment_seq) {
+        return Ok(Err(format!("record of segment use {} where use {} was expected", header.segment_seq, seq.unwrap_or(0))));
+    }
+    let record_units = header.record_bytes() / UNIT_BYTES;
+    if record_units > u64::from(max_units) {
+        return Ok(Err(format!("record of {record_units} units runs past the segment ({max_units} left)")));
+    }
+    let mut buf = AlignedBuf::zeroed(header.record_bytes() as usize);
+    dev.read_at(&mut buf, offset)?;
+    if let Err(why) = check_payload(&header, &buf) {
+        return Ok(Err(why));
+    }
+    Ok(Ok((header, record_units as u32, buf)))
+}
+
+/// Checks the payload of a whole record buffer against the header's crc32c.
+pub fn check_payload(header: &RecordHeader, record: &[u8]) -> Result<(), String> {
+    if header.kind != RecordKind::Block {
+        return Ok(());
+    }
+    let start = header.payload_offset() as usize;
+    let payload = record.get(start..start + header.stored_len as usize).ok_or("record shorter than its payload")?;
+    let crc = crc32c::crc32c(payload);
+    if crc == header.payload_crc {
+        Ok(())
+    } else {
+        Err(format!("payload checksum mismatch: stored {:#010x}, computed {crc:#010x}", header.payload_crc))
+    }
+}

@@ -1,0 +1,97 @@
+//! What callers choose: durability per write, put and read options, volume geometry, store tuning.
+
+use kvhoard_format::record::{BlockDesc, CompressionMeta};
+
+/// When a write is acknowledged. Each level includes the ones before it.
+///
+/// | level | `put` returns after | survives a process crash | survives power loss |
+/// |---|---|---|---|
+/// | `Buffered` | the record is encoded in an engine buffer and queued for writing | no | no |
+/// | `Written` | the record's write completed, and so did every earlier write to the log | yes | no |
+/// | `Synced` | an fdatasync that covers the record returned | yes | yes |
+///
+/// A buffered or written record is readable by `get` as soon as `put` returns. A record that
+/// does not survive a crash disappears whole: recovery never returns a partial block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Acknowledged in the write buffer.
+    Buffered,
+    /// Acknowledged when written to the device (the OS page cache, or the device with O_DIRECT).
+    #[default]
+    Written,
+    /// Acknowledged after fdatasync.
+    Synced,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "buffered" => Ok(Durability::Buffered),
+            "written" => Ok(Durability::Written),
+            "synced" => Ok(Durability::Synced),
+            _ => Err(format!("unknown durability {s:?}: use buffered, written or synced")),
+        }
+    }
+}
+
+/// Options of one `put`.
+#[derive(Debug, Clone, Default)]
+pub struct PutOptions {
+    /// Seconds until the key expires; `None` = never.
+    pub ttl_secs: Option<u32>,
+    /// Group (context) the block belongs to.
+    pub group: Option<u64>,
+    /// Content hash of the parent block.
+    pub parent: Option<[u8; 32]>,
+    /// When the put is acknowledged.
+    pub durability: Durability,
+    /// What the bytes are; opaque by default.
+    pub desc: Option<BlockDesc>,
+    /// How the bytes were compressed by the caller; none by default. With a codec, `bytes` are
+    /// the stored form and `raw_len`/`content_hash` come from [`PutOptions::raw`].
+    pub compression: Option<CompressionMeta>,
+    /// For pre-compressed bytes: the raw length and blake3 of the raw bytes.
+    pub raw: Option<(u64, [u8; 32])>,
+}
+
+/// Options of one read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadOptions {
+    /// Also check blake3 of the bytes against the content hash (crc32c is always checked).
+    pub verify_hash: bool,
+}
+
+/// Geometry of a new volume.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    /// Bytes of the volume file; for a block device, the device's size is used when `None`.
+    pub capacity_bytes: Option<u64>,
+    /// Bytes per segment.
+    pub segment_size_bytes: u64,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions { capacity_bytes: Some(1 << 30), segment_size_bytes: 64 << 20 }
+    }
+}
+
+/// Tuning of an open store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Try O_DIRECT (falls back to buffered I/O where the file system refuses it).
+    pub direct_io: bool,
+    /// Write a checkpoint after this many segments were sealed (and at close).
+    pub checkpoint_every_segments: u32,
+    /// Buffered writes queued for the background writer before `put` waits.
+    pub write_queue_depth: usize,
+    /// Source of the current time (TTLs, record timestamps).
+    pub clock: crate::Clock,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { direct_io: true, checkpoint_every_segments: 8, write_queue_depth: 64, clock: crate::Clock::system() }
+    }
+}

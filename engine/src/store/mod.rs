@@ -1,0 +1,434 @@
+//! The store: the native API over the log, the index and the device.
+//!
+//! Locks, always taken in this order: `log` (segment states, the open segment, reservations),
+//! then `index` (read-mostly; gets take only its read lock), then `pending` (records reserved
+//! but not yet written, so that gets see them). Device I/O for records runs outside all locks.
+
+mod read;
+mod stats;
+mod sync;
+mod write;
+
+pub use read::{Block, BlockMeta, ListCursor, ListEntry, ListPage};
+pub use stats::{NamespaceStats, Stats};
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+
+use kvhoard_format::checkpoint::{Checkpoint, SegmentState};
+use kvhoard_format::segment::SegmentHeader;
+use kvhoard_format::superblock::Superblock;
+use kvhoard_format::UNIT_BYTES;
+
+use crate::checkpoint_io::CheckpointStore;
+use crate::device::{BlockDevice, FileDevice};
+use crate::error::{Result, StoreError};
+use crate::index::{Index, Loc};
+use crate::log::seal::write_seal;
+use crate::log::{OpenSeg, Pos, SegInfo, SegState};
+use crate::options::{CreateOptions, StoreOptions};
+use crate::reclaim::{OldestFirst, ReclaimPolicy, SegmentView};
+use crate::recovery::{recover, RecoveryReport};
+use crate::volume::{self, VolumePaths};
+use crate::{AlignedBuf, Clock};
+
+use self::stats::Metrics;
+use self::sync::GroupCommit;
+use self::write::WriteJob;
+
+/// A kvhoard volume, open. Cheap to share: all methods take `&self` and are thread-safe.
+#[derive(Debug)]
+pub struct Store {
+    inner: Arc<Inner>,
+    writer: Mutex<Option<(SyncSender<WriteJob>, JoinHandle<()>)>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    checkpoints: CheckpointStore,
+    opts: StoreOptions,
+    clock: Clock,
+    policy: Box<dyn ReclaimPolicy>,
+    log: Mutex<LogState>,
+    /// Signalled when a reserved record has been written (or a write failed).
+    written: Condvar,
+    index: RwLock<Index>,
+    pending: Mutex<HashMap<Loc, Arc<AlignedBuf>>>,
+    sync: GroupCommit,
+    metrics: Metrics,
+    recovery: RecoveryReport,
+    _lock: Option<File>,
+}
+
+#[derive(Debug)]
+struct LogState {
+    segments: Vec<SegInfo>,
+    open: Option<OpenSeg>,
+    next_seq: u64,
+    next_checkpoint_seq: u64,
+    seals_since_checkpoint: u32,
+    poisoned: Option<String>,
+    closed: bool,
+}
+
+impl Store {
+    /// Creates a volume at `path`: a directory (created if missing, holding `volume.kvh`) or a
+    /// raw block device. Fails if a volume is already there.
+    pub fn create(path: &Path, create: &CreateOptions, opts: StoreOptions) -> Result<Store> {
+        let paths = VolumePaths::resolve(path);
+        if paths.meta_dir.is_some() {
+            let capacity = create.capacity_bytes.ok_or_else(|| StoreError::invalid("capacity", "a directory volume needs a capacity (--capacity)"))?;
+            volume::create_data_file(&paths, capacity)?;
+        }
+        let lock = volume::lock(&paths)?;
+        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File { action: "cannot open", path: paths.data.clone(), source })?;
+        if paths.meta_dir.is_none() && volume::has_superblock(&dev) {
+            return Err(StoreError::AlreadyExists { path: paths.data });
+        }
+        Self::format_device(&dev, create, paths.meta_dir.is_none(), &opts.clock)?;
+        drop(dev);
+        drop(lock);
+        Self::open(path, opts)
+    }
+
+    /// Opens the volume at `path` (a directory or a block device), taking its exclusive lock
+    /// and rebuilding the index.
+    pub fn open(path: &Path, opts: StoreOptions) -> Result<Store> {
+        let paths = VolumePaths::resolve(path);
+        let lock = volume::lock(&paths)?;
+        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File { action: "cannot open", path: paths.data.clone(), source })?;
+        let sb = Self::read_superblock(&dev, path)?;
+        let checkpoints = CheckpointStore::for_volume(&sb, paths.meta_dir.clone());
+        Self::start(Arc::new(dev), sb, checkpoints, opts, Some(lock))
+    }
+
+    /// Creates a volume on `dev` (checkpoints in slots on the device). For tests and embedding.
+    pub fn create_on(dev: Arc<dyn BlockDevice>, create: &CreateOptions, opts: StoreOptions) -> Result<Store> {
+        Self::format_device(dev.as_ref(), create, true, &opts.clock)?;
+        Self::open_on(dev, opts)
+    }
+
+    /// Opens the volume on `dev`. The caller is responsible for exclusive access.
+    pub fn open_on(dev: Arc<dyn BlockDevice>, opts: StoreOptions) -> Result<Store> {
+        let sb = Self::read_superblock(dev.as_ref(), Path::new("<device>"))?;
+        let checkpoints = CheckpointStore::for_volume(&sb, None);
+        Self::start(dev, sb, checkpoints, opts, None)
+    }
+
+    fn format_device(dev: &dyn BlockDevice, create: &CreateOptions, slots: bool, clock: &Clock) -> Result<()> {
+        let now = clock.now_unix_ms();
+        let id = *blake3::hash(&[&now.to_le_bytes()[..], &std::process::id().to_le_bytes(), &random_bytes()].concat()).as_bytes();
+        let mut volume_id = [0u8; 16];
+        volume_id.copy_from_slice(&id[..16]);
+        let sb = volume::plan(dev.capacity_bytes(), create, slots, volume_id, now)?;
+        volume::format(dev, &sb)
+    }
+
+    fn read_superblock(dev: &dyn BlockDevice, path: &Path) -> Result<Superblock> {
+        let sb = volume::read_superblock(dev).map_err(|e| match e {
+            e @ kvhoard_format::FormatError::UnsupportedVersion { .. } => StoreError::Superblock(e),
+            e => StoreError::NotAVolume { path: path.to_path_buf(), reason: e.to_string() },
+        })?;
+        if sb.capacity_bytes > dev.capacity_bytes() {
+            return Err(StoreError::NotAVolume {
+                path: path.to_path_buf(),
+                reason: format!("the superblock says {} bytes but the device has {}: the volume file was truncated", sb.capacity_bytes, dev.capacity_bytes()),
+            });
+        }
+        Ok(sb)
+    }
+
+    fn start(dev: Arc<dyn BlockDevice>, sb: Superblock, checkpoints: CheckpointStore, opts: StoreOptions, lock: Option<File>) -> Result<Store> {
+        let recovered = recover(dev.as_ref(), &sb, &checkpoints)?;
+        tracing::info!(
+            checkpoint = ?recovered.report.checkpoint_seq,
+            segments_replayed = recovered.report.segments_replayed,
+            records_replayed = recovered.report.records_replayed,
+            keys = recovered.index.key_count(),
+            elapsed_ms = recovered.report.elapsed_ms,
+            "volume opened"
+        );
+        let queue_depth = opts.write_queue_depth.max(1);
+        let inner = Arc::new(Inner {
+            dev,
+            sb,
+            checkpoints,
+            clock: opts.clock.clone(),
+            opts,
+            policy: Box::new(OldestFirst),
+            log: Mutex::new(LogState {
+                segments: recovered.segments,
+                open: None,
+                next_seq: recovered.next_seq,
+                next_checkpoint_seq: recovered.next_checkpoint_seq,
+                seals_since_checkpoint: 0,
+                poisoned: None,
+                closed: false,
+            }),
+            written: Condvar::new(),
+            index: RwLock::new(recovered.index),
+            pending: Mutex::new(HashMap::new()),
+            sync: GroupCommit::default(),
+            metrics: Metrics::default(),
+            recovery: recovered.report,
+            _lock: lock,
+        });
+        let writer = write::spawn_writer(Arc::clone(&inner), queue_depth)?;
+        let store = Store { inner, writer: Mutex::new(Some(writer)) };
+        if store.inner.recovery.records_replayed > 0 || store.inner.recovery.stale_segments_freed > 0 {
+            // Save the replay's work for the next open.
+            let mut log = store.inner.lock_log();
+            store.inner.checkpoint(&mut log)?;
+        }
+        Ok(store)
+    }
+
+    /// Replaces the reclaim policy.
+    pub fn set_reclaim_policy(&mut self, policy: Box<dyn ReclaimPolicy>) {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.policy = policy;
+        }
+    }
+
+    /// What opening the volume found and did.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.recovery
+    }
+
+    /// The volume's superblock.
+    pub fn superblock(&self) -> &Superblock {
+        &self.inner.sb
+    }
+
+    /// Writes everything buffered, seals the open segment, syncs and writes a checkpoint. The
+    /// next open then reads the checkpoint and nothing else.
+    pub fn close(&self) -> Result<()> {
+        self.stop_writer();
+        let mut log = self.inner.lock_log();
+        if log.closed {
+            return Ok(());
+        }
+        log.closed = true;
+        if let Some(reason) = &log.poisoned {
+            return Err(StoreError::Poisoned { reason: reason.clone() });
+        }
+        log = self.inner.seal_open(log)?;
+        self.inner.checkpoint(&mut log)
+    }
+
+    fn stop_writer(&self) {
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((tx, handle)) = writer {
+            drop(tx);
+            if handle.join().is_err() {
+                tracing::error!("background writer panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!(error = %e, "closing the store failed; the next open will replay the log");
+        }
+    }
+}
+
+impl Inner {
+    fn lock_log(&self) -> MutexGuard<'_, LogState> {
+        // The log state is only mutated by code that cannot panic midway (no I/O in those
+        // sections unwinds); a poisoned mutex still holds a consistent state.
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn index_read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn index_write(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_pending(&self) -> MutexGuard<'_, HashMap<Loc, Arc<AlignedBuf>>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn writable(&self, log: &LogState) -> Result<()> {
+        if log.closed {
+            return Err(StoreError::Closed);
+        }
+        match &log.poisoned {
+            Some(reason) => Err(StoreError::Poisoned { reason: reason.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&self, log: &mut LogState, reason: String) {
+        if log.poisoned.is_none() {
+            tracing::error!(%reason, "write failed; refusing writes until the volume is reopened");
+            log.poisoned = Some(reason);
+        }
+        self.written.notify_all();
+    }
+
+    /// Waits until no record of the open segment is in flight, then seals it.
+    fn seal_open<'a>(&'a self, mut log: MutexGuard<'a, LogState>) -> Result<MutexGuard<'a, LogState>> {
+        while log.open.as_ref().is_some_and(|o| !o.in_flight.is_empty()) && log.poisoned.is_none() {
+            log = self.written.wait(log).unwrap_or_else(|e| e.into_inner());
+        }
+        self.writable_or_closing(&log)?;
+        let Some(open) = log.open.take() else { return Ok(log) };
+        write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records).map_err(|e| {
+            let reason = e.to_string();
+            self.poison(&mut log, reason);
+            e
+        })?;
+        if let Some(s) = log.segments.get_mut(open.index as usize) {
+            s.state = SegState::Sealed { end_unit: open.tail };
+        }
+        log.seals_since_checkpoint += 1;
+        if log.seals_since_checkpoint >= self.opts.checkpoint_every_segments {
+            self.checkpoint(&mut log)?;
+        }
+        Ok(log)
+    }
+
+    fn writable_or_closing(&self, log: &LogState) -> Result<()> {
+        match &log.poisoned {
+            Some(reason) => Err(StoreError::Poisoned { reason: reason.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a new segment use, reclaiming a segment first when none is free.
+    fn open_segment(&self, log: &mut LogState) -> Result<()> {
+        let free = log.segments.iter().position(|s| s.state == SegState::Free);
+        let index = match free {
+            Some(i) => i as u32,
+            None => self.reclaim(log)?,
+        };
+        let seq = log.next_seq;
+        let now = self.clock.now_unix_ms();
+        let header = SegmentHeader { volume_id: self.sb.volume_id, segment_index: index, seq, created_unix_ms: now };
+        let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+        unit.copy_from_slice(&header.encode());
+        if let Err(e) = self.dev.write_at(&unit, self.sb.segment_offset(index)) {
+            self.poison(log, e.to_string());
+            return Err(e.into());
+        }
+        log.next_seq += 1;
+        if let Some(s) = log.segments.get_mut(index as usize) {
+            *s = SegInfo { state: SegState::Open, seq, created_unix_ms: now };
+        }
+        log.open = Some(OpenSeg::new(index, seq));
+        Ok(())
+    }
+
+    /// Empties one sealed segment chosen by the policy and returns its index.
+    ///
+    /// The segment's header is zeroed and synced before its blocks leave the index, so they can
+    /// never come back after a crash. A victim that is not the oldest could hold the newest
+    /// version of a key whose older version lives in an older segment; a checkpoint written
+    /// first makes sure replay never brings that older version back.
+    fn reclaim(&self, log: &mut LogState) -> Result<u32> {
+        let sealed: Vec<SegmentView> = log
+            .segments
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s.state {
+                SegState::Sealed { end_unit } => Some(SegmentView { index: i as u32, seq: s.seq, created_unix_ms: s.created_unix_ms, end_unit }),
+                _ => None,
+            })
+            .collect();
+        let oldest = OldestFirst.choose_victim(&sealed).ok_or_else(|| StoreError::invalid("volume", "no sealed segment to reclaim"))?;
+        let victim = self.policy.choose_victim(&sealed).filter(|v| sealed.iter().any(|s| s.index == *v)).unwrap_or(oldest);
+        let dropped = self.index_write().drop_segment(victim);
+        if let Some(s) = log.segments.get_mut(victim as usize) {
+            *s = SegInfo::FREE;
+        }
+        if victim != oldest {
+            self.checkpoint(log)?;
+        }
+        let zero = AlignedBuf::zeroed(UNIT_BYTES as usize);
+        let freed = self.dev.write_at(&zero, self.sb.segment_offset(victim)).and_then(|()| self.dev.sync());
+        if let Err(e) = freed {
+            self.poison(log, e.to_string());
+            return Err(e.into());
+        }
+        self.metrics.add_eviction(dropped);
+        tracing::debug!(segment = victim, keys = dropped.keys, blocks = dropped.blocks, "segment reclaimed");
+        Ok(victim)
+    }
+
+    /// Syncs the device and writes a checkpoint of the index. Called with no record in flight.
+    fn checkpoint(&self, log: &mut LogState) -> Result<()> {
+        debug_assert!(log.open.as_ref().is_none_or(|o| o.in_flight.is_empty()));
+        if let Err(e) = self.dev.sync() {
+            self.poison(log, e.to_string());
+            return Err(e.into());
+        }
+        let segments = log
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match s.state {
+                SegState::Free => SegmentState { seq: 0, end_unit: 0, sealed: false },
+                SegState::Sealed { end_unit } => SegmentState { seq: s.seq, end_unit, sealed: true },
+                SegState::Open => {
+                    let tail = log.open.as_ref().filter(|o| o.index == i as u32).map_or(1, |o| o.tail);
+                    SegmentState { seq: s.seq, end_unit: tail, sealed: false }
+                }
+            })
+            .collect();
+        let cp = {
+            let index = self.index_read();
+            let (contents, keys) = index.to_checkpoint();
+            Checkpoint {
+                volume_id: self.sb.volume_id,
+                checkpoint_seq: log.next_checkpoint_seq,
+                created_unix_ms: self.clock.now_unix_ms(),
+                next_segment_seq: log.next_seq,
+                segments,
+                namespaces: index.namespaces().to_vec(),
+                contents,
+                keys,
+            }
+        };
+        if self.checkpoints.save(self.dev.as_ref(), &cp)? {
+            log.next_checkpoint_seq += 1;
+            log.seals_since_checkpoint = 0;
+            self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The position through which every reserved record has been written.
+    fn written_through(&self) -> Pos {
+        let log = self.lock_log();
+        match &log.open {
+            Some(open) => open.written_through(),
+            None => Pos { seq: log.next_seq, unit: 0 },
+        }
+    }
+}
+
+fn random_bytes() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    if let Ok(mut f) = File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut out);
+    }
+    out
+}
+
+
+#[cfg(test)]
+mod tests;

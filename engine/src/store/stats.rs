@@ -1,0 +1,201 @@
+//! Counters and the `stats()` snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvhoard_format::record::{RecordHeader, RecordKind};
+use kvhoard_format::UNIT_BYTES;
+
+use crate::index::Dropped;
+use crate::log::SegState;
+use crate::recovery::RecoveryReport;
+
+use super::Store;
+
+/// Operation counters since the store was opened.
+#[derive(Debug, Default)]
+pub(super) struct Metrics {
+    pub puts: AtomicU64,
+    pub put_bytes: AtomicU64,
+    pub dedup_hits: AtomicU64,
+    pub gets: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub get_bytes: AtomicU64,
+    pub read_errors: AtomicU64,
+    pub deletes: AtomicU64,
+    pub evicted_keys: AtomicU64,
+    pub evicted_blocks: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub segments_reclaimed: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub syncs: AtomicU64,
+}
+
+impl Metrics {
+    pub(super) fn count_put(&self, h: &RecordHeader) {
+        match h.kind {
+            RecordKind::Block => {
+                self.puts.fetch_add(1, Ordering::Relaxed);
+                self.put_bytes.fetch_add(h.stored_len, Ordering::Relaxed);
+            }
+            RecordKind::Link => {
+                self.puts.fetch_add(1, Ordering::Relaxed);
+                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+            }
+            RecordKind::Tombstone => {}
+        }
+    }
+
+    pub(super) fn count_get(&self, hit_bytes: Option<u64>) {
+        match hit_bytes {
+            Some(n) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.get_bytes.fetch_add(n, Ordering::Relaxed);
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(super) fn add_eviction(&self, d: Dropped) {
+        self.evicted_keys.fetch_add(d.keys, Ordering::Relaxed);
+        self.evicted_blocks.fetch_add(d.blocks, Ordering::Relaxed);
+        self.evicted_bytes.fetch_add(d.bytes, Ordering::Relaxed);
+        self.segments_reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One namespace's share of the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceStats {
+    /// Name.
+    pub name: String,
+    /// Keys.
+    pub keys: u64,
+    /// Distinct stored blocks.
+    pub blocks: u64,
+    /// Sum of the sizes of the keys' blocks.
+    pub logical_bytes: u64,
+    /// Raw bytes of the distinct blocks.
+    pub unique_bytes: u64,
+    /// Bytes their records occupy.
+    pub stored_bytes: u64,
+}
+
+/// A snapshot of the store's state and counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct Stats {
+    pub capacity_bytes: u64,
+    pub segment_size_bytes: u64,
+    pub segments: u32,
+    pub segments_free: u32,
+    pub segments_sealed: u32,
+    /// Bytes of the log in use (records and summaries of segments in use).
+    pub used_bytes: u64,
+    /// Bytes occupied by records still reachable from a key.
+    pub live_bytes: u64,
+    pub keys: u64,
+    pub blocks: u64,
+    pub logical_bytes: u64,
+    pub unique_bytes: u64,
+    /// logical − unique: what deduplication saved.
+    pub dedup_saved_bytes: u64,
+    pub index_memory_bytes: u64,
+    pub namespaces: Vec<NamespaceStats>,
+    pub puts: u64,
+    pub put_bytes: u64,
+    pub dedup_hits: u64,
+    pub gets: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub get_bytes: u64,
+    /// Blocks found damaged on read (served as misses).
+    pub read_errors: u64,
+    pub deletes: u64,
+    pub evicted_keys: u64,
+    pub evicted_blocks: u64,
+    pub evicted_bytes: u64,
+    pub segments_reclaimed: u64,
+    pub checkpoints: u64,
+    pub syncs: u64,
+    pub device_backend: String,
+    pub direct_io: bool,
+    pub recovery: RecoveryReport,
+    /// Why writes are refused, if they are.
+    pub poisoned: Option<String>,
+}
+
+impl Store {
+    /// The store's state and counters now.
+    pub fn stats(&self) -> Stats {
+        let inner = &self.inner;
+        let sb = &inner.sb;
+        let (free, sealed, used_units, poisoned) = {
+            let log = inner.lock_log();
+            let mut used = 0u64;
+            let (mut free, mut sealed) = (0, 0);
+            for s in &log.segments {
+                match s.state {
+                    SegState::Free => free += 1,
+                    SegState::Sealed { end_unit } => {
+                        sealed += 1;
+                        used += u64::from(end_unit);
+                    }
+                    SegState::Open => used += log.open.as_ref().map_or(1, |o| u64::from(o.tail)),
+                }
+            }
+            (free, sealed, used, log.poisoned.clone())
+        };
+        let index = inner.index_read();
+        let namespaces: Vec<NamespaceStats> = index
+            .namespaces()
+            .iter()
+            .enumerate()
+            .map(|(id, name)| {
+                let c = index.counters(id as u16);
+                NamespaceStats { name: name.clone(), keys: c.keys, blocks: c.blocks, logical_bytes: c.logical_bytes, unique_bytes: c.unique_bytes, stored_bytes: c.stored_bytes }
+            })
+            .collect();
+        let sum = |f: fn(&NamespaceStats) -> u64| namespaces.iter().map(f).sum::<u64>();
+        let m = &inner.metrics;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let caps = inner.dev.capabilities();
+        Stats {
+            capacity_bytes: u64::from(sb.segment_count) * sb.segment_size_bytes,
+            segment_size_bytes: sb.segment_size_bytes,
+            segments: sb.segment_count,
+            segments_free: free,
+            segments_sealed: sealed,
+            used_bytes: used_units * UNIT_BYTES,
+            live_bytes: sum(|n| n.stored_bytes),
+            keys: index.key_count(),
+            blocks: index.block_count(),
+            logical_bytes: sum(|n| n.logical_bytes),
+            unique_bytes: sum(|n| n.unique_bytes),
+            dedup_saved_bytes: sum(|n| n.logical_bytes).saturating_sub(sum(|n| n.unique_bytes)),
+            index_memory_bytes: index.memory_bytes(),
+            namespaces,
+            puts: get(&m.puts),
+            put_bytes: get(&m.put_bytes),
+            dedup_hits: get(&m.dedup_hits),
+            gets: get(&m.gets),
+            hits: get(&m.hits),
+            misses: get(&m.misses),
+            get_bytes: get(&m.get_bytes),
+            read_errors: get(&m.read_errors),
+            deletes: get(&m.deletes),
+            evicted_keys: get(&m.evicted_keys),
+            evicted_blocks: get(&m.evicted_blocks),
+            evicted_bytes: get(&m.evicted_bytes),
+            segments_reclaimed: get(&m.segments_reclaimed),
+            checkpoints: get(&m.checkpoints),
+            syncs: get(&m.syncs),
+            device_backend: caps.backend.to_string(),
+            direct_io: caps.direct_io,
+            recovery: inner.recovery.clone(),
+            poisoned,
+        }
+    }
+}

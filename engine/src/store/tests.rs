@@ -1,0 +1,304 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::device::{BlockDevice, CrashMode, FaultKind, MemDevice};
+use crate::{Clock, CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreError, StoreOptions};
+
+const SEG: u64 = 1 << 20;
+
+fn mem_store(segments: u64) -> (Arc<MemDevice>, Store) {
+    let dev = Arc::new(MemDevice::new(SEG * (segments + 3)));
+    let store = Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, StoreOptions::default()).unwrap();
+    (dev, store)
+}
+
+fn reopen(dev: &Arc<MemDevice>, mode: CrashMode) -> (Arc<MemDevice>, Store) {
+    let crashed = Arc::new(dev.crash(mode));
+    let store = Store::open_on(crashed.clone(), StoreOptions::default()).unwrap();
+    (crashed, store)
+}
+
+fn block(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn synced() -> PutOptions {
+    PutOptions { durability: Durability::Synced, ..PutOptions::default() }
+}
+
+fn get(s: &Store, key: &str) -> Option<Vec<u8>> {
+    s.get("default", key, ReadOptions { verify_hash: true }).unwrap().map(|b| b.to_vec())
+}
+
+#[test]
+fn put_get_round_trips_at_every_durability() {
+    let (_dev, s) = mem_store(8);
+    for (i, d) in [Durability::Buffered, Durability::Written, Durability::Synced].into_iter().enumerate() {
+        let bytes = block(i as u64, 10_000 + i);
+        let hash = s.put("default", &format!("k{i}"), &bytes, &PutOptions { durability: d, ..PutOptions::default() }).unwrap();
+        assert_eq!(hash, *blake3::hash(&bytes).as_bytes());
+        assert_eq!(get(&s, &format!("k{i}")).unwrap(), bytes);
+    }
+    assert!(get(&s, "missing").is_none());
+    let mut buf = vec![0u8; 20_000];
+    let (meta, n) = s.get_into("default", "k1", &mut buf, ReadOptions::default()).unwrap().unwrap();
+    assert_eq!(&buf[..n], &block(1, 10_001)[..]);
+    assert_eq!(meta.raw_len, 10_001);
+    let mut small = vec![0u8; 10];
+    assert!(matches!(s.get_into("default", "k1", &mut small, ReadOptions::default()), Err(StoreError::BufferTooSmall { .. })));
+}
+
+#[test]
+fn identical_bytes_are_stored_once_per_namespace() {
+    let (_dev, s) = mem_store(8);
+    let bytes = block(7, 50_000);
+    s.put("default", "a", &bytes, &synced()).unwrap();
+    s.put("default", "b", &bytes, &synced()).unwrap();
+    s.put("other", "a", &bytes, &synced()).unwrap();
+    let st = s.stats();
+    assert_eq!((st.keys, st.blocks, st.dedup_hits), (3, 2, 1));
+    assert_eq!(st.dedup_saved_bytes, 50_000);
+    s.delete("default", "a", Durability::Synced).unwrap();
+    assert_eq!(get(&s, "b").unwrap(), bytes);
+    assert_eq!(s.stats().blocks, 2);
+    s.delete("default", "b", Durability::Synced).unwrap();
+    assert_eq!(s.stats().blocks, 1);
+}
+
+#[test]
+fn deleted_keys_do_not_come_back_after_restart() {
+    let (dev, s) = mem_store(8);
+    s.put("default", "a", &block(1, 5000), &synced()).unwrap();
+    s.put("default", "b", &block(2, 5000), &synced()).unwrap();
+    assert!(s.delete("default", "a", Durability::Synced).unwrap());
+    assert!(!s.delete("default", "a", Durability::Synced).unwrap());
+    let (_d, s2) = reopen(&dev, CrashMode::DropAll);
+    assert!(get(&s2, "a").is_none());
+    assert_eq!(get(&s2, "b").unwrap(), block(2, 5000));
+    std::mem::forget(s);
+}
+
+#[test]
+fn clean_close_reopens_from_the_checkpoint_alone() {
+    let (dev, s) = mem_store(8);
+    for i in 0..50 {
+        s.put("default", &format!("k{i}"), &block(i, 9000), &PutOptions::default()).unwrap();
+    }
+    s.close().unwrap();
+    let (_d, s2) = reopen(&dev, CrashMode::KeepAll);
+    assert_eq!(s2.recovery_report().records_replayed, 0);
+    assert!(s2.recovery_report().checkpoint_seq.is_some());
+    for i in 0..50 {
+        assert_eq!(get(&s2, &format!("k{i}")).unwrap(), block(i, 9000));
+    }
+}
+
+#[test]
+fn a_full_volume_reclaims_the_oldest_segment_and_keeps_accepting_puts() {
+    let (dev, s) = mem_store(4);
+    let n = 200u64;
+    for i in 0..n {
+        s.put("default", &format!("k{i}"), &block(i, 60_000), &PutOptions::default()).unwrap();
+    }
+    let st = s.stats();
+    assert!(st.evicted_keys > 0 && st.segments_reclaimed > 0, "{st:?}");
+    assert_eq!(st.keys + st.evicted_keys, n);
+    // The newest blocks survive; evicted ones are misses, never wrong bytes.
+    assert_eq!(get(&s, &format!("k{}", n - 1)).unwrap(), block(n - 1, 60_000));
+    let live: Vec<u64> = (0..n).filter(|i| get(&s, &format!("k{i}")).is_some()).collect();
+    assert_eq!(live.len() as u64, st.keys);
+    s.close().unwrap();
+    let (_d, s2) = reopen(&dev, CrashMode::KeepAll);
+    let after: Vec<u64> = (0..n).filter(|i| get(&s2, &format!("k{i}")).is_some()).collect();
+    assert_eq!(after, live, "dropped blocks must not reappear after restart");
+}
+
+#[test]
+fn dropped_blocks_do_not_reappear_after_a_crash() {
+    let (dev, s) = mem_store(4);
+    for i in 0..200u64 {
+        s.put("default", &format!("k{i}"), &block(i, 60_000), &synced()).unwrap();
+    }
+    let live: Vec<u64> = (0..200).filter(|i| get(&s, &format!("k{i}")).is_some()).collect();
+    let (_d, s2) = reopen(&dev, CrashMode::DropAll);
+    let after: Vec<u64> = (0..200).filter(|i| get(&s2, &format!("k{i}")).is_some()).collect();
+    assert_eq!(after, live);
+    std::mem::forget(s);
+}
+
+#[test]
+fn a_block_larger_than_a_segment_is_refused_clearly() {
+    let (_dev, s) = mem_store(4);
+    let err = s.put("default", "big", &vec![0u8; SEG as usize], &PutOptions::default()).unwrap_err();
+    assert!(matches!(err, StoreError::BlockTooLarge { .. }), "{err}");
+    assert!(err.to_string().contains("--segment-size"));
+}
+
+#[test]
+fn bad_names_are_refused_and_nothing_is_lost() {
+    let (_dev, s) = mem_store(4);
+    s.put("default", "ok", b"x", &PutOptions::default()).unwrap();
+    assert!(matches!(s.put("", "k", b"x", &PutOptions::default()), Err(StoreError::InvalidArgument { .. })));
+    assert!(matches!(s.put("default", &"k".repeat(5000), b"x", &PutOptions::default()), Err(StoreError::InvalidArgument { .. })));
+    assert!(matches!(s.put("default", "", b"x", &PutOptions::default()), Err(StoreError::InvalidArgument { .. })));
+    assert!(s.get("a/b", "k", ReadOptions::default()).is_err());
+    assert_eq!(get(&s, "ok").unwrap(), b"x");
+}
+
+#[test]
+fn ttl_expires_keys() {
+    let ms = Arc::new(AtomicU64::new(1_700_000_000_000));
+    let dev = Arc::new(MemDevice::new(SEG * 6));
+    let opts = StoreOptions { clock: Clock::manual(ms.clone()), ..StoreOptions::default() };
+    let s = Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone()).unwrap();
+    s.put("default", "short", b"abc", &PutOptions { ttl_secs: Some(10), ..PutOptions::default() }).unwrap();
+    s.put("default", "forever", b"def", &PutOptions::default()).unwrap();
+    assert!(s.contains("default", "short").unwrap());
+    ms.fetch_add(11_000, std::sync::atomic::Ordering::Relaxed);
+    assert!(!s.contains("default", "short").unwrap());
+    assert!(get(&s, "short").is_none());
+    assert_eq!(get(&s, "forever").unwrap(), b"def");
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_new_writes_succeed() {
+    let (dev, s) = mem_store(8);
+    s.put("default", "durable", &block(1, 30_000), &synced()).unwrap();
+    for i in 0..5 {
+        s.put("default", &format!("maybe{i}"), &block(10 + i, 30_000), &PutOptions::default()).unwrap();
+    }
+    for seed in 0..20 {
+        let (_d, s2) = reopen(&dev, CrashMode::Random(seed));
+        assert_eq!(get(&s2, "durable").unwrap(), block(1, 30_000));
+        for i in 0..5 {
+            if let Some(b) = get(&s2, &format!("maybe{i}")) {
+                assert_eq!(b, block(10 + i, 30_000));
+            }
+        }
+        s2.put("default", "after", b"new", &synced()).unwrap();
+        assert_eq!(get(&s2, "after").unwrap(), b"new");
+        assert_eq!(s2.stats().read_errors, 0);
+    }
+    std::mem::forget(s);
+}
+
+#[test]
+fn a_flipped_payload_bit_is_a_counted_miss_not_garbage() {
+    let (dev, s) = mem_store(8);
+    s.put("default", "a", &block(1, 8192), &synced()).unwrap();
+    s.close().unwrap();
+    let mut image = dev.image();
+    let meta_unit = {
+        let s2 = Store::open_on(Arc::new(MemDevice::from_image(image.clone())), StoreOptions::default()).unwrap();
+        let b = s2.get("default", "a", ReadOptions::default()).unwrap().unwrap();
+        let sb = s2.superblock().clone();
+        sb.segment_offset(b.meta.location.segment) + u64::from(b.meta.location.unit) * 4096
+    };
+    image[(meta_unit + 4096 + 100) as usize] ^= 1;
+    let s3 = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap();
+    assert!(s3.get("default", "a", ReadOptions::default()).unwrap().is_none());
+    assert_eq!(s3.stats().read_errors, 1);
+}
+
+#[test]
+fn a_failed_write_is_not_acknowledged_and_poisons_writes_until_reopen() {
+    let (dev, s) = mem_store(8);
+    s.put("default", "before", b"ok", &synced()).unwrap();
+    dev.fail_nth(FaultKind::Write, 1);
+    assert!(s.put("default", "failed", &block(3, 9000), &synced()).is_err());
+    assert!(matches!(s.put("default", "later", b"x", &synced()), Err(StoreError::Poisoned { .. })));
+    assert_eq!(get(&s, "before").unwrap(), b"ok");
+    assert!(get(&s, "failed").is_none());
+    let (_d, s2) = reopen(&dev, CrashMode::KeepAll);
+    assert_eq!(get(&s2, "before").unwrap(), b"ok");
+    s2.put("default", "later", b"x", &synced()).unwrap();
+    std::mem::forget(s);
+}
+
+#[test]
+fn a_failed_sync_is_not_acknowledged() {
+    let (dev, s) = mem_store(8);
+    dev.fail_nth(FaultKind::Sync, 1);
+    assert!(s.put("default", "a", b"x", &synced()).is_err());
+    assert!(s.stats().poisoned.is_some());
+    std::mem::forget(s);
+}
+
+#[test]
+fn listing_pages_through_live_keys_only() {
+    let (_dev, s) = mem_store(8);
+    for i in 0..30 {
+        s.put("default", &format!("k{i:02}"), &block(i, 3000), &PutOptions::default()).unwrap();
+    }
+    s.put("other", "x", b"x", &PutOptions::default()).unwrap();
+    s.delete("default", "k05", Durability::Written).unwrap();
+    s.put("default", "k07", b"overwritten", &PutOptions::default()).unwrap();
+    let mut keys = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = s.list("default", cursor, 7).unwrap();
+        keys.extend(page.entries.iter().map(|e| e.key.clone()));
+        match page.next {
+            Some(c) => cursor = Some(c.to_string().parse().unwrap()),
+            None => break,
+        }
+    }
+    let mut expected: Vec<String> = (0..30).filter(|&i| i != 5 && i != 7).map(|i| format!("k{i:02}")).collect();
+    expected.push("k07".into());
+    assert_eq!(keys, expected);
+}
+
+#[test]
+fn a_corrupt_superblock_copy_still_opens() {
+    let (dev, s) = mem_store(4);
+    s.put("default", "a", b"x", &synced()).unwrap();
+    s.close().unwrap();
+    let mut image = dev.image();
+    image[20] ^= 0xff;
+    let s2 = Store::open_on(Arc::new(MemDevice::from_image(image.clone())), StoreOptions::default()).unwrap();
+    assert_eq!(get(&s2, "a").unwrap(), b"x");
+    drop(s2);
+    image[4096 + 20] ^= 0xff;
+    let err = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap_err();
+    assert!(matches!(err, StoreError::NotAVolume { .. }), "{err}");
+}
+
+#[test]
+fn concurrent_writers_and_readers_see_their_own_bytes() {
+    let (_dev, s) = mem_store(16);
+    let s = Arc::new(s);
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..40u64 {
+                    let key = format!("t{t}-{i}");
+                    let bytes = block(t * 1000 + i, 7000);
+                    let d = [Durability::Buffered, Durability::Written, Durability::Synced][(i % 3) as usize];
+                    s.put("default", &key, &bytes, &PutOptions { durability: d, ..PutOptions::default() }).unwrap();
+                    assert_eq!(get(&s, &key).unwrap(), bytes);
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(s.stats().keys, 160);
+    assert_eq!(s.stats().read_errors, 0);
+}
+
+#[test]
+fn device_capacity_is_reported() {
+    let (dev, s) = mem_store(4);
+    assert_eq!(s.stats().segments, 4);
+    assert!(dev.capacity_bytes() >= s.stats().capacity_bytes);
+}

@@ -1,0 +1,311 @@
+//! Writes: put (single and batched), delete, and the background writer for buffered puts.
+
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use kvhoard_format::record::{validate_key, validate_namespace, BlockDesc, CompressionMeta, RecordHeader, RecordKind};
+use kvhoard_format::UNIT_BYTES;
+
+use crate::error::{Result, StoreError};
+use crate::index::{content_fp, key_fp, ContentFp, KeyFp, Loc};
+use crate::log::{fits_empty, Pos};
+use crate::options::{Durability, PutOptions};
+use crate::recovery::expiry;
+use crate::AlignedBuf;
+
+use super::{Inner, Store};
+
+/// A reserved record on its way to the device.
+#[derive(Debug)]
+pub(super) struct WriteJob {
+    buf: Arc<AlignedBuf>,
+    loc: Loc,
+    seq: u64,
+    key: KeyFp,
+}
+
+impl WriteJob {
+    fn end(&self) -> Pos {
+        Pos { seq: self.seq, unit: self.loc.unit + (self.buf.len() as u64 / UNIT_BYTES) as u32 }
+    }
+}
+
+/// A record ready to be reserved: its header (seq still 0) and, for a block, its bytes.
+struct Prepared<'a> {
+    header: RecordHeader,
+    payload: &'a [u8],
+    /// The record buffer with the payload already in place (built outside the log lock).
+    buf: Option<AlignedBuf>,
+    key: KeyFp,
+    content: ContentFp,
+}
+
+pub(super) fn spawn_writer(inner: Arc<Inner>, depth: usize) -> Result<(SyncSender<WriteJob>, JoinHandle<()>)> {
+    let (tx, rx) = sync_channel::<WriteJob>(depth);
+    let handle = std::thread::Builder::new()
+        .name("kvhoard-writer".into())
+        .spawn(move || {
+            for job in rx {
+                // Buffered puts were acknowledged already; a failure poisons the store and is
+                // reported to every later write.
+                let _ = inner.write_record(&job);
+            }
+        })
+        .map_err(|source| StoreError::File { action: "cannot start the writer thread for", path: "<volume>".into(), source })?;
+    Ok((tx, handle))
+}
+
+impl Store {
+    /// Stores `bytes` under `key` in `namespace` and returns their blake3 content hash.
+    /// Identical bytes already stored in the namespace are not written again.
+    pub fn put(&self, namespace: &str, key: &str, bytes: &[u8], opts: &PutOptions) -> Result<[u8; 32]> {
+        let mut hashes = self.put_batch(namespace, &[(key, bytes)], opts)?;
+        hashes.pop().ok_or_else(|| StoreError::invalid("batch", "empty result"))
+    }
+
+    /// Stores many blocks with one reservation pass and one group commit.
+    pub fn put_batch(&self, namespace: &str, items: &[(&str, &[u8])], opts: &PutOptions) -> Result<Vec<[u8; 32]>> {
+        validate_namespace(namespace)?;
+        let inner = &self.inner;
+        let now = inner.clock.now_unix_ms();
+        let mut prepared = items.iter().map(|(key, bytes)| inner.prepare(namespace, key, bytes, opts, now)).collect::<Result<Vec<_>>>()?;
+        let hashes = prepared.iter().map(|p| p.header.content_hash).collect();
+        let mut rest = prepared.as_mut_slice();
+        let mut last_end = Pos::default();
+        while !rest.is_empty() {
+            let (jobs, done) = inner.reserve(rest)?;
+            rest = rest.get_mut(done..).unwrap_or_default();
+            last_end = jobs.iter().map(WriteJob::end).max().unwrap_or(last_end).max(last_end);
+            self.submit(jobs, opts.durability)?;
+        }
+        if opts.durability == Durability::Synced {
+            inner.sync.sync_to(last_end, inner)?;
+        }
+        Ok(hashes)
+    }
+
+    /// Deletes `key`; returns whether it existed. The deletion is recorded in the log with the
+    /// given durability, so the key does not come back after a restart.
+    pub fn delete(&self, namespace: &str, key: &str, durability: Durability) -> Result<bool> {
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let inner = &self.inner;
+        let kfp = key_fp(namespace, key);
+        if inner.index_read().key(&kfp).is_none() {
+            return Ok(false);
+        }
+        let header = RecordHeader {
+            kind: RecordKind::Tombstone,
+            segment_seq: 0,
+            payload_crc: 0,
+            namespace: namespace.to_string(),
+            key: key.to_string(),
+            content_hash: [0; 32],
+            raw_len: 0,
+            stored_len: 0,
+            created_unix_ms: inner.clock.now_unix_ms(),
+            ttl_secs: 0,
+            group_id: None,
+            parent_hash: None,
+            desc: BlockDesc::opaque(),
+            compression: CompressionMeta::none(),
+        };
+        let mut one = [Prepared { header, payload: &[], buf: None, key: kfp, content: [0; 16] }];
+        let (jobs, _) = inner.reserve(&mut one)?;
+        let existed = !jobs.is_empty();
+        let end = jobs.iter().map(WriteJob::end).max();
+        self.submit(jobs, durability)?;
+        if let (Durability::Synced, Some(end)) = (durability, end) {
+            inner.sync.sync_to(end, inner)?;
+        }
+        inner.metrics.deletes.fetch_add(u64::from(existed), std::sync::atomic::Ordering::Relaxed);
+        Ok(existed)
+    }
+
+    /// Writes reserved records: hands them to the background writer (buffered), or writes them
+    /// here and waits until everything before them is written too.
+    fn submit(&self, jobs: Vec<WriteJob>, durability: Durability) -> Result<()> {
+        if durability == Durability::Buffered {
+            let tx = self.writer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(tx, _)| tx.clone());
+            let tx = tx.ok_or(StoreError::Closed)?;
+            for job in jobs {
+                tx.send(job).map_err(|_| StoreError::Closed)?;
+            }
+            return Ok(());
+        }
+        let mut first_error = None;
+        for job in &jobs {
+            if let Err(e) = self.inner.write_record(job) {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        match jobs.iter().map(WriteJob::end).max() {
+            Some(end) => self.inner.wait_written(end),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Inner {
+    /// Validates and hashes one block and decides between a block and a link record.
+    fn prepare<'a>(&self, namespace: &str, key: &str, bytes: &'a [u8], opts: &PutOptions, now: u64) -> Result<Prepared<'a>> {
+        validate_key(key)?;
+        let compression = opts.compression.clone().unwrap_or_else(CompressionMeta::none);
+        let (raw_len, content_hash) = match (&opts.raw, compression.codec_id) {
+            (Some(raw), c) if c != CompressionMeta::CODEC_NONE => *raw,
+            (Some(_), _) => return Err(StoreError::invalid("raw", "raw length and hash are only given for compressed bytes")),
+            (None, c) if c != CompressionMeta::CODEC_NONE => return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash")),
+            (None, _) => (bytes.len() as u64, *blake3::hash(bytes).as_bytes()),
+        };
+        let content = content_fp(namespace, &content_hash);
+        let dedup = self.index_read().content_slot(&content).is_some();
+        let header = RecordHeader {
+            kind: if dedup { RecordKind::Link } else { RecordKind::Block },
+            segment_seq: 0,
+            payload_crc: if dedup { 0 } else { crc32c::crc32c(bytes) },
+            namespace: namespace.to_string(),
+            key: key.to_string(),
+            content_hash,
+            raw_len,
+            stored_len: if dedup { 0 } else { bytes.len() as u64 },
+            created_unix_ms: now,
+            ttl_secs: opts.ttl_secs.unwrap_or(0),
+            group_id: opts.group,
+            parent_hash: opts.parent,
+            desc: opts.desc.clone().unwrap_or_else(BlockDesc::opaque),
+            compression,
+        };
+        header.validate()?;
+        let as_block = RecordHeader { kind: RecordKind::Block, stored_len: bytes.len() as u64, ..header.clone() };
+        let units = (as_block.record_bytes() / UNIT_BYTES) as u32;
+        if as_block.record_bytes() / UNIT_BYTES > u64::from(u32::MAX) || !fits_empty(units, header.encoded_len(), self.sb.segment_units()) {
+            let max_bytes = (u64::from(self.sb.segment_units()) - 3) * UNIT_BYTES - header.payload_offset();
+            return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
+        }
+        let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&header, bytes));
+        Ok(Prepared { header, payload: bytes, buf, key: key_fp(namespace, key), content })
+    }
+
+    /// Reserves space for a prefix of `items` in log order, updates the index and returns the
+    /// write jobs and how many items were reserved. Stops early rather than seal a segment that
+    /// holds this call's own unwritten records.
+    fn reserve(&self, items: &mut [Prepared<'_>]) -> Result<(Vec<WriteJob>, usize)> {
+        let mut log = self.lock_log();
+        self.writable(&log)?;
+        let mut jobs = Vec::with_capacity(items.len());
+        for (done, item) in items.iter_mut().enumerate() {
+            if item.header.kind == RecordKind::Link && self.index_read().content_slot(&item.content).is_none() {
+                // The bytes were reclaimed since prepare(): store them again.
+                item.header.kind = RecordKind::Block;
+                item.header.stored_len = item.payload.len() as u64;
+                item.header.payload_crc = crc32c::crc32c(item.payload);
+                item.buf = Some(record_buffer(&item.header, item.payload));
+            }
+            if item.header.kind == RecordKind::Tombstone && self.index_read().key(&item.key).is_none() {
+                continue;
+            }
+            let units = (item.header.record_bytes() / UNIT_BYTES) as u32;
+            let header_len = item.header.encoded_len();
+            loop {
+                match &log.open {
+                    Some(open) if open.fits(units, header_len, self.sb.segment_units()) => break,
+                    Some(_) if !jobs.is_empty() => return Ok((jobs, done)),
+                    Some(_) => log = self.seal_open(log)?,
+                    None => self.open_segment(&mut log)?,
+                }
+            }
+            let Some(open) = log.open.as_mut() else { return Err(StoreError::Closed) };
+            item.header.segment_seq = open.seq;
+            let encoded = item.header.encode();
+            let unit = open.reserve(units, &encoded);
+            let loc = Loc { segment: open.index, unit };
+            let seq = open.seq;
+            let mut buf = item.buf.take().unwrap_or_else(|| record_buffer(&item.header, &[]));
+            if let Some(dst) = buf.get_mut(..encoded.len()) {
+                dst.copy_from_slice(&encoded);
+            }
+            self.apply(&item.header, item.key, item.content, loc, units)?;
+            let buf = Arc::new(buf);
+            if item.header.kind == RecordKind::Block {
+                self.lock_pending().insert(loc, Arc::clone(&buf));
+            }
+            self.metrics.count_put(&item.header);
+            jobs.push(WriteJob { buf, loc, seq, key: item.key });
+        }
+        Ok((jobs, items.len()))
+    }
+
+    /// Updates the index for a reserved record, in log order.
+    fn apply(&self, h: &RecordHeader, key: KeyFp, content: ContentFp, loc: Loc, units: u32) -> Result<()> {
+        let mut index = self.index_write();
+        let ns = index.ns_id_or_insert(&h.namespace).ok_or_else(|| StoreError::invalid("namespace", "a volume holds at most 65536 namespaces"))?;
+        let expires = expiry(h.created_unix_ms, h.ttl_secs);
+        match h.kind {
+            RecordKind::Block => index.apply_block(ns, key, content, loc, units, h.raw_len as u32, expires),
+            RecordKind::Link => {
+                let linked = index.apply_link(ns, key, content, loc, expires);
+                debug_assert!(linked, "link reserved for bytes that are not stored");
+            }
+            RecordKind::Tombstone => {
+                index.remove_key(&key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one reserved record and marks it written (or poisons the store if it failed).
+    fn write_record(&self, job: &WriteJob) -> Result<()> {
+        let offset = self.sb.segment_offset(job.loc.segment) + u64::from(job.loc.unit) * UNIT_BYTES;
+        let result = self.dev.write_at(&job.buf, offset);
+        let mut log = self.lock_log();
+        if let Some(open) = log.open.as_mut().filter(|o| o.seq == job.seq) {
+            open.in_flight.remove(&job.loc.unit);
+        }
+        if let Err(e) = &result {
+            let mut index = self.index_write();
+            if index.key(&job.key).is_some_and(|k| k.record == job.loc) {
+                index.remove_key(&job.key);
+            }
+            drop(index);
+            self.poison(&mut log, e.to_string());
+        }
+        self.lock_pending().remove(&job.loc);
+        self.written.notify_all();
+        Ok(result?)
+    }
+
+    /// Waits until every record up to `end` has been written.
+    fn wait_written(&self, end: Pos) -> Result<()> {
+        let mut log = self.lock_log();
+        loop {
+            if let Some(reason) = &log.poisoned {
+                return Err(StoreError::Poisoned { reason: reason.clone() });
+            }
+            let done = match &log.open {
+                Some(open) if open.seq == end.seq => open.written_before(end.unit),
+                _ => true,
+            };
+            if done {
+                return Ok(());
+            }
+            log = self.written.wait(log).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The record as written, header bytes still to be filled in: header space, padding to a unit,
+/// payload, padding to a unit.
+fn record_buffer(header: &RecordHeader, payload: &[u8]) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(header.record_bytes() as usize);
+    if header.kind == RecordKind::Block {
+        let start = header.payload_offset() as usize;
+        if let Some(dst) = buf.get_mut(start..start + payload.len()) {
+            dst.copy_from_slice(payload);
+        }
+    }
+    buf
+}

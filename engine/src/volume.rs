@@ -1,0 +1,178 @@
+//! Finding, creating and locking a volume: a directory holding `volume.kvh` and its checkpoint
+//! files, or a raw block device whose checkpoints live in two reserved slots on the device.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use kvhoard_format::superblock::{self, Superblock};
+use kvhoard_format::{align_up, FormatError, UNIT_BYTES};
+
+use crate::device::BlockDevice;
+use crate::error::{Result, StoreError};
+use crate::options::CreateOptions;
+use crate::AlignedBuf;
+
+/// Name of the data file inside a directory volume.
+pub const DATA_FILE: &str = "volume.kvh";
+
+/// Where a volume's pieces are.
+#[derive(Debug, Clone)]
+pub struct VolumePaths {
+    /// The data file or block device.
+    pub data: PathBuf,
+    /// Directory for checkpoint files, or `None` for a block device (checkpoints on the device).
+    pub meta_dir: Option<PathBuf>,
+}
+
+impl VolumePaths {
+    /// Resolves `path`: a block device is used directly; anything else is a directory.
+    pub fn resolve(path: &Path) -> VolumePaths {
+        let is_block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        if is_block {
+            VolumePaths { data: path.to_path_buf(), meta_dir: None }
+        } else {
+            VolumePaths { data: path.join(DATA_FILE), meta_dir: Some(path.to_path_buf()) }
+        }
+    }
+}
+
+/// Creates the data file of a directory volume, reserving its space.
+pub fn create_data_file(paths: &VolumePaths, capacity: u64) -> Result<()> {
+    let dir = paths.meta_dir.as_deref().unwrap_or(Path::new("."));
+    let file_err = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StoreError::File { action, path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(file_err("cannot create directory", dir))?;
+    let file = match OpenOptions::new().read(true).write(true).create_new(true).open(&paths.data) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(StoreError::AlreadyExists { path: dir.to_path_buf() })
+        }
+        Err(e) => return Err(file_err("cannot create", &paths.data)(e)),
+    };
+    reserve_space(&file, capacity).map_err(file_err("cannot reserve space for", &paths.data))?;
+    Ok(())
+}
+
+/// Allocates the file's blocks now, so that a full file system fails `init`, not a later write.
+fn reserve_space(file: &File, capacity: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let len = libc::off_t::try_from(capacity).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: the descriptor is owned by `file`, open for writing, and alive for the call.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
+    match rc {
+        0 => Ok(()),
+        libc::EOPNOTSUPP | libc::EINVAL => file.set_len(capacity),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// Takes the volume's exclusive lock (flock on the data file or device). The kernel releases it
+/// when the process exits, so a crashed process never leaves it behind.
+pub fn lock(paths: &VolumePaths) -> Result<File> {
+    let file = File::open(&paths.data).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => StoreError::NotAVolume {
+            path: paths.meta_dir.clone().unwrap_or_else(|| paths.data.clone()),
+            reason: format!("{} does not exist", paths.data.display()),
+        },
+        _ => StoreError::File { action: "cannot open", path: paths.data.clone(), source: e },
+    })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path: paths.data.clone() }),
+        Err(std::fs::TryLockError::Error(source)) => {
+            Err(StoreError::File { action: "cannot lock", path: paths.data.clone(), source })
+        }
+    }
+}
+
+/// The geometry of a new volume on a device of `device_bytes`.
+pub fn plan(device_bytes: u64, opts: &CreateOptions, checkpoints_on_device: bool, volume_id: [u8; 16], now_ms: u64) -> Result<Superblock> {
+    let capacity = opts.capacity_bytes.unwrap_or(device_bytes).min(device_bytes);
+    let seg = opts.segment_size_bytes;
+    if seg % UNIT_BYTES != 0 || !(superblock::SEGMENT_BYTES_MIN..=superblock::SEGMENT_BYTES_MAX).contains(&seg) {
+        return Err(StoreError::invalid(
+            "segment size",
+            format!("{seg} bytes: use a multiple of 4 KiB between 1 MiB and 4 GiB (64MiB is a good default)"),
+        ));
+    }
+    let slot = if checkpoints_on_device {
+        align_up((capacity / 512).clamp(1 << 20, 4 << 30)).unwrap_or(1 << 20)
+    } else {
+        0
+    };
+    let checkpoint_offset = if checkpoints_on_device { 2 * UNIT_BYTES } else { 0 };
+    let data_offset = align_up(2 * UNIT_BYTES + 2 * slot).map(|v| v.div_ceil(1 << 20) * (1 << 20)).unwrap_or(u64::MAX);
+    let segment_count = capacity.saturating_sub(data_offset) / seg;
+    if segment_count < u64::from(superblock::SEGMENT_COUNT_MIN) {
+        return Err(StoreError::invalid(
+            "capacity",
+            format!("{capacity} bytes hold {segment_count} segments of {seg} bytes; a volume needs at least 2: raise --capacity or lower --segment-size"),
+        ));
+    }
+    let sb = Superblock {
+        copy: 0,
+        volume_id,
+        created_unix_ms: now_ms,
+        capacity_bytes: capacity,
+        segment_size_bytes: seg,
+        segment_count: u32::try_from(segment_count).unwrap_or(u32::MAX),
+        data_offset,
+        checkpoint_offset,
+        checkpoint_slot_bytes: slot,
+    };
+    sb.validate().map_err(StoreError::Superblock)?;
+    Ok(sb)
+}
+
+/// Writes both superblock copies and clears every segment header, then syncs.
+pub fn format(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
+    let zero = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    for index in 0..sb.segment_count {
+        dev.write_at(&zero, sb.segment_offset(index))?;
+    }
+    for copy in 0..2u32 {
+        let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+        unit.copy_from_slice(&sb.encode(copy));
+        dev.write_at(&unit, superblock::COPY_OFFSETS[copy as usize])?;
+    }
+    dev.sync()?;
+    Ok(())
+}
+
+/// Whether the device already starts with a kvhoard superblock (either copy).
+pub fn has_superblock(dev: &dyn BlockDevice) -> bool {
+    read_superblock(dev).is_ok()
+}
+
+/// Reads the superblock: copy A, or copy B when A is damaged.
+pub fn read_superblock(dev: &dyn BlockDevice) -> std::result::Result<Superblock, FormatError> {
+    let mut first_error = None;
+    for (copy, offset) in superblock::COPY_OFFSETS.into_iter().enumerate() {
+        let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+        let decoded = match dev.read_at(&mut unit, offset) {
+            Ok(()) => Superblock::decode(&unit),
+            Err(e) => Err(FormatError::InvalidField { what: "superblock", field: "device", detail: e.to_string() }),
+        };
+        match decoded {
+            Ok(sb) if sb.copy == copy as u32 => {
+                if let Some(e) = &first_error {
+                    tracing::warn!(error = %e, "superblock copy A is damaged; opened with copy B (run `kvhoard fsck --repair`)");
+                }
+                return Ok(sb);
+            }
+            Ok(sb) => {
+                let e = FormatError::InvalidField { what: "superblock", field: "copy", detail: format!("copy {} found at slot {copy}", sb.copy) };
+                first_error.get_or_insert(e);
+            }
+            // An unsupported version is final: the other copy has the same version.
+            Err(e @ FormatError::UnsupportedVersion { .. }) => return Err(e),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.unwrap_or(FormatError::InvalidField { what: "superblock", field: "copy", detail: "no copy found".into() }))
+}
