@@ -60,7 +60,9 @@ impl CheckpointStore {
                 }
             }
             CheckpointStore::Slots { offset, slot_bytes } => (0..2u64)
-                .filter_map(|i| read_slot(dev, offset + i * slot_bytes, *slot_bytes).map(|b| (format!("checkpoint slot {i}"), b)))
+                .filter_map(|i| {
+                    read_slot(dev, offset + i * slot_bytes, *slot_bytes).map(|b| (format!("checkpoint slot {i}"), b))
+                })
                 .collect(),
             CheckpointStore::None => vec![],
         };
@@ -101,12 +103,20 @@ impl CheckpointStore {
             CheckpointStore::Slots { offset, slot_bytes } => {
                 let needed = align_up(8 + bytes.len() as u64).unwrap_or(u64::MAX);
                 if needed > *slot_bytes {
-                    tracing::warn!(needed, slot_bytes, "checkpoint does not fit its slot; open will replay the log instead");
+                    tracing::warn!(
+                        needed,
+                        slot_bytes,
+                        "checkpoint does not fit its slot; open will replay the log instead"
+                    );
                     return Ok(false);
                 }
                 let mut buf = AlignedBuf::zeroed(needed as usize);
-                buf.get_mut(..8).map(|s| s.copy_from_slice(&(bytes.len() as u64).to_le_bytes()));
-                buf.get_mut(8..8 + bytes.len()).map(|s| s.copy_from_slice(&bytes));
+                if let Some(s) = buf.get_mut(..8) {
+                    s.copy_from_slice(&(bytes.len() as u64).to_le_bytes())
+                }
+                if let Some(s) = buf.get_mut(8..8 + bytes.len()) {
+                    s.copy_from_slice(&bytes)
+                }
                 dev.write_at(&buf, offset + (cp.checkpoint_seq % 2) * slot_bytes)?;
                 dev.sync()?;
                 Ok(true)

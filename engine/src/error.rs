@@ -90,7 +90,9 @@ impl StoreError {
 impl From<FormatError> for StoreError {
     fn from(e: FormatError) -> Self {
         match e {
-            FormatError::InvalidField { what: w @ ("key" | "namespace"), detail, .. } => StoreError::InvalidArgument { what: w, detail },
+            FormatError::InvalidField { what: w @ ("key" | "namespace"), detail, .. } => {
+                StoreError::InvalidArgument { what: w, detail }
+            }
             FormatError::InvalidField { field, detail, .. } => StoreError::InvalidArgument { what: field, detail },
             other => StoreError::InvalidArgument { what: "block", detail: other.to_string() },
         }

@@ -163,9 +163,7 @@ impl Index {
     /// The slot of a stored block.
     pub fn content_slot(&self, fp: &ContentFp) -> Option<u32> {
         let contents = &self.contents;
-        self.content_table
-            .find(hash_of(fp), |&s| contents.get(s as usize).is_some_and(|c| c.fp == *fp))
-            .copied()
+        self.content_table.find(hash_of(fp), |&s| contents.get(s as usize).is_some_and(|c| c.fp == *fp)).copied()
     }
 
     /// The entry in a slot.
@@ -193,18 +191,19 @@ impl Index {
 
     /// Applies a block record: the block is stored at `record`, and `key` now names it.
     /// If the same bytes were already stored, the newer record becomes their location.
-    pub fn apply_block(&mut self, ns: u16, key: KeyFp, content: ContentFp, record: Loc, units: u32, raw_len: u32, expires_unix_s: u32) {
-        let slot = match self.content_slot(&content) {
+    /// (`block.refs` is ignored.)
+    pub fn apply_block(&mut self, key: KeyFp, block: ContentEntry, expires_unix_s: u32) {
+        let slot = match self.content_slot(&block.fp) {
             Some(slot) => {
                 if let Some(c) = self.contents.get_mut(slot as usize) {
-                    c.record = record;
-                    c.units = units;
+                    c.record = block.record;
+                    c.units = block.units;
                 }
                 slot
             }
-            None => self.insert_content(ContentEntry { fp: content, record, units, raw_len, refs: 0, ns }),
+            None => self.insert_content(block),
         };
-        self.set_key(KeyEntry { fp: key, content: slot, record, expires_unix_s, ns });
+        self.set_key(KeyEntry { fp: key, content: slot, record: block.record, expires_unix_s, ns: block.ns });
     }
 
     /// Applies a link record: `key` names bytes already stored. Returns false (and changes
@@ -348,7 +347,8 @@ impl Index {
             }
         };
         let contents = &self.contents;
-        self.content_table.insert_unique(hash_of(&entry.fp), slot, |&s| contents.get(s as usize).map_or(0, |c| hash_of(&c.fp)));
+        self.content_table
+            .insert_unique(hash_of(&entry.fp), slot, |&s| contents.get(s as usize).map_or(0, |c| hash_of(&c.fp)));
         slot
     }
 
@@ -388,7 +388,14 @@ impl Index {
             .map(|c| {
                 keep(c.segment).then(|| {
                     let record = Loc { segment: c.segment, unit: c.unit };
-                    ix.insert_content(ContentEntry { fp: c.fp, record, units: c.units, raw_len: c.raw_len, refs: 0, ns: c.ns })
+                    ix.insert_content(ContentEntry {
+                        fp: c.fp,
+                        record,
+                        units: c.units,
+                        raw_len: c.raw_len,
+                        refs: 0,
+                        ns: c.ns,
+                    })
                 })
             })
             .collect();
@@ -399,7 +406,8 @@ impl Index {
                 ix.set_key(KeyEntry { fp: k.fp, content: slot, record, expires_unix_s: k.expires_unix_s, ns: k.ns });
             }
         }
-        let unused: Vec<u32> = slots.into_iter().flatten().filter(|&s| ix.contents.get(s as usize).is_some_and(|c| c.refs == 0)).collect();
+        let unused: Vec<u32> =
+            slots.into_iter().flatten().filter(|&s| ix.contents.get(s as usize).is_some_and(|c| c.refs == 0)).collect();
         unused.into_iter().for_each(|s| ix.free_content(s));
         ix
     }
@@ -446,11 +454,15 @@ pub fn is_expired(k: &KeyEntry, now_unix_s: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
 
     fn loc(segment: u32, unit: u32) -> Loc {
         Loc { segment, unit }
+    }
+
+    fn block(ns: u16, fp: ContentFp, record: Loc, units: u32, raw_len: u32) -> ContentEntry {
+        ContentEntry { fp, record, units, raw_len, refs: 0, ns }
     }
 
     #[test]
@@ -458,7 +470,7 @@ mod tests {
         let mut ix = Index::default();
         let ns = ix.ns_id_or_insert("default").unwrap();
         let c = content_fp("default", &[9; 32]);
-        ix.apply_block(ns, key_fp("default", "a"), c, loc(0, 1), 3, 8000, 0);
+        ix.apply_block(key_fp("default", "a"), block(ns, c, loc(0, 1), 3, 8000), 0);
         assert!(ix.apply_link(ns, key_fp("default", "b"), c, loc(0, 4), 0));
         assert_eq!(ix.block_count(), 1);
         assert_eq!(ix.key_count(), 2);
@@ -483,8 +495,8 @@ mod tests {
         let ns = ix.ns_id_or_insert("default").unwrap();
         let c1 = content_fp("default", &[1; 32]);
         let c2 = content_fp("default", &[2; 32]);
-        ix.apply_block(ns, key_fp("default", "a"), c1, loc(0, 1), 2, 10, 0);
-        ix.apply_block(ns, key_fp("default", "b"), c2, loc(1, 1), 2, 10, 0);
+        ix.apply_block(key_fp("default", "a"), block(ns, c1, loc(0, 1), 2, 10), 0);
+        ix.apply_block(key_fp("default", "b"), block(ns, c2, loc(1, 1), 2, 10), 0);
         assert!(ix.apply_link(ns, key_fp("default", "c"), c1, loc(1, 3), 0));
         assert!(ix.apply_link(ns, key_fp("default", "d"), c2, loc(0, 3), 0));
         let d = ix.drop_segment(0);
@@ -500,8 +512,8 @@ mod tests {
         let mut ix = Index::default();
         let ns = ix.ns_id_or_insert("default").unwrap();
         let k = key_fp("default", "a");
-        ix.apply_block(ns, k, content_fp("default", &[1; 32]), loc(0, 1), 2, 10, 0);
-        ix.apply_block(ns, k, content_fp("default", &[2; 32]), loc(0, 3), 2, 20, 0);
+        ix.apply_block(k, block(ns, content_fp("default", &[1; 32]), loc(0, 1), 2, 10), 0);
+        ix.apply_block(k, block(ns, content_fp("default", &[2; 32]), loc(0, 3), 2, 20), 0);
         assert_eq!(ix.block_count(), 1);
         assert_eq!(ix.counters(ns).logical_bytes, 20);
         let (contents, keys) = ix.to_checkpoint();
@@ -513,8 +525,8 @@ mod tests {
     fn expired_keys_are_purged() {
         let mut ix = Index::default();
         let ns = ix.ns_id_or_insert("default").unwrap();
-        ix.apply_block(ns, key_fp("default", "a"), content_fp("default", &[1; 32]), loc(0, 1), 2, 10, 100);
-        ix.apply_block(ns, key_fp("default", "b"), content_fp("default", &[2; 32]), loc(0, 3), 2, 10, 0);
+        ix.apply_block(key_fp("default", "a"), block(ns, content_fp("default", &[1; 32]), loc(0, 1), 2, 10), 100);
+        ix.apply_block(key_fp("default", "b"), block(ns, content_fp("default", &[2; 32]), loc(0, 3), 2, 10), 0);
         assert_eq!(ix.purge_expired(99), 0);
         assert_eq!(ix.purge_expired(100), 1);
         assert_eq!(ix.key_count(), 1);

@@ -11,7 +11,7 @@
 //! Entry point: [`Store`].
 
 #![deny(missing_docs)]
-#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod aligned;
 pub mod checkpoint_io;

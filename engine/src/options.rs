@@ -92,6 +92,11 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { direct_io: true, checkpoint_every_segments: 8, write_queue_depth: 64, clock: crate::Clock::system() }
+        StoreOptions {
+            direct_io: true,
+            checkpoint_every_segments: 8,
+            write_queue_depth: 64,
+            clock: crate::Clock::system(),
+        }
     }
 }

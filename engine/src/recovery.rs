@@ -13,7 +13,7 @@ use kvhoard_format::UNIT_BYTES;
 use crate::checkpoint_io::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
-use crate::index::{content_fp, key_fp, Index, Loc};
+use crate::index::{content_fp, key_fp, ContentEntry, Index, Loc};
 use crate::log::scan::{read_segment, read_segment_header};
 use crate::log::seal::write_seal;
 use crate::log::{SegInfo, SegState};
@@ -59,7 +59,11 @@ pub fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointS
     let cp = checkpoints.load(dev, sb.volume_id).filter(|cp| {
         let fits = cp.segments.len() == count;
         if !fits {
-            tracing::warn!(segments = cp.segments.len(), expected = count, "checkpoint describes another geometry; ignoring it");
+            tracing::warn!(
+                segments = cp.segments.len(),
+                expected = count,
+                "checkpoint describes another geometry; ignoring it"
+            );
         }
         fits
     });
@@ -73,7 +77,11 @@ pub fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointS
         if let (Some(c), Some(k)) = (&cp, known) {
             if h.seq < c.next_segment_seq && k.seq != h.seq {
                 // This use was freed before the checkpoint was written; its header survived.
-                tracing::warn!(segment = index, seq = h.seq, "segment was reclaimed before the last checkpoint; freeing it");
+                tracing::warn!(
+                    segment = index,
+                    seq = h.seq,
+                    "segment was reclaimed before the last checkpoint; freeing it"
+                );
                 dev.write_at(&AlignedBuf::zeroed(UNIT_BYTES as usize), sb.segment_offset(index))?;
                 report.stale_segments_freed += 1;
                 wrote = true;
@@ -95,7 +103,8 @@ pub fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointS
         Some(cp) => Index::from_checkpoint(cp, |i| covered(i).is_some()),
         None => Index::default(),
     };
-    let mut order: Vec<u32> = (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
+    let mut order: Vec<u32> =
+        (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
     order.sort_by_key(|&i| segments.get(i as usize).map_or(0, |s| s.seq));
     for i in order {
         let seq = segments.get(i as usize).map_or(0, |s| s.seq);
@@ -137,7 +146,14 @@ fn set_sealed(segments: &mut [SegInfo], i: u32, end_unit: u32) {
     }
 }
 
-fn seal_recovered(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64, end_unit: u32, entries: &[SummaryEntry]) -> Result<()> {
+fn seal_recovered(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    i: u32,
+    seq: u64,
+    end_unit: u32,
+    entries: &[SummaryEntry],
+) -> Result<()> {
     let mut bytes = Vec::new();
     for e in entries {
         summary::encode_entry(&mut bytes, e.unit, &e.header.encode());
@@ -159,7 +175,15 @@ pub fn apply(index: &mut Index, segment: u32, e: &SummaryEntry) {
     match h.kind {
         RecordKind::Block => {
             let units = (h.record_bytes() / UNIT_BYTES) as u32;
-            index.apply_block(ns, key, content_fp(&h.namespace, &h.content_hash), loc, units, h.raw_len as u32, expires);
+            let block = ContentEntry {
+                fp: content_fp(&h.namespace, &h.content_hash),
+                record: loc,
+                units,
+                raw_len: h.raw_len as u32,
+                refs: 0,
+                ns,
+            };
+            index.apply_block(key, block, expires);
         }
         RecordKind::Link => {
             index.apply_link(ns, key, content_fp(&h.namespace, &h.content_hash), loc, expires);

@@ -89,20 +89,25 @@ pub fn lock(paths: &VolumePaths) -> Result<File> {
 }
 
 /// The geometry of a new volume on a device of `device_bytes`.
-pub fn plan(device_bytes: u64, opts: &CreateOptions, checkpoints_on_device: bool, volume_id: [u8; 16], now_ms: u64) -> Result<Superblock> {
+pub fn plan(
+    device_bytes: u64,
+    opts: &CreateOptions,
+    checkpoints_on_device: bool,
+    volume_id: [u8; 16],
+    now_ms: u64,
+) -> Result<Superblock> {
     let capacity = opts.capacity_bytes.unwrap_or(device_bytes).min(device_bytes);
     let seg = opts.segment_size_bytes;
-    if seg % UNIT_BYTES != 0 || !(superblock::SEGMENT_BYTES_MIN..=superblock::SEGMENT_BYTES_MAX).contains(&seg) {
+    if !seg.is_multiple_of(UNIT_BYTES)
+        || !(superblock::SEGMENT_BYTES_MIN..=superblock::SEGMENT_BYTES_MAX).contains(&seg)
+    {
         return Err(StoreError::invalid(
             "segment size",
             format!("{seg} bytes: use a multiple of 4 KiB between 1 MiB and 4 GiB (64MiB is a good default)"),
         ));
     }
-    let slot = if checkpoints_on_device {
-        align_up((capacity / 512).clamp(1 << 20, 4 << 30)).unwrap_or(1 << 20)
-    } else {
-        0
-    };
+    let slot =
+        if checkpoints_on_device { align_up((capacity / 512).clamp(1 << 20, 4 << 30)).unwrap_or(1 << 20) } else { 0 };
     let checkpoint_offset = if checkpoints_on_device { 2 * UNIT_BYTES } else { 0 };
     let data_offset = align_up(2 * UNIT_BYTES + 2 * slot).map(|v| v.div_ceil(1 << 20) * (1 << 20)).unwrap_or(u64::MAX);
     let segment_count = capacity.saturating_sub(data_offset) / seg;
@@ -133,10 +138,10 @@ pub fn format(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     for index in 0..sb.segment_count {
         dev.write_at(&zero, sb.segment_offset(index))?;
     }
-    for copy in 0..2u32 {
+    for (copy, offset) in (0u32..).zip(superblock::COPY_OFFSETS) {
         let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
         unit.copy_from_slice(&sb.encode(copy));
-        dev.write_at(&unit, superblock::COPY_OFFSETS[copy as usize])?;
+        dev.write_at(&unit, offset)?;
     }
     dev.sync()?;
     Ok(())
@@ -164,7 +169,11 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> std::result::Result<Superblock,
                 return Ok(sb);
             }
             Ok(sb) => {
-                let e = FormatError::InvalidField { what: "superblock", field: "copy", detail: format!("copy {} found at slot {copy}", sb.copy) };
+                let e = FormatError::InvalidField {
+                    what: "superblock",
+                    field: "copy",
+                    detail: format!("copy {} found at slot {copy}", sb.copy),
+                };
                 first_error.get_or_insert(e);
             }
             // An unsupported version is final: the other copy has the same version.
@@ -174,5 +183,9 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> std::result::Result<Superblock,
             }
         }
     }
-    Err(first_error.unwrap_or(FormatError::InvalidField { what: "superblock", field: "copy", detail: "no copy found".into() }))
+    Err(first_error.unwrap_or(FormatError::InvalidField {
+        what: "superblock",
+        field: "copy",
+        detail: "no copy found".into(),
+    }))
 }

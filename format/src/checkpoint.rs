@@ -153,7 +153,11 @@ impl Checkpoint {
     /// Decodes and validates a checkpoint: checksum, counts against the bytes present, and every
     /// cross-reference (namespace and content indices, segment numbers).
     pub fn decode(buf: &[u8]) -> Result<Checkpoint, FormatError> {
-        let body_len = buf.len().checked_sub(4).ok_or(FormatError::Truncated { what: WHAT, needed: 4, available: buf.len() as u64 })?;
+        let body_len = buf.len().checked_sub(4).ok_or(FormatError::Truncated {
+            what: WHAT,
+            needed: 4,
+            available: buf.len() as u64,
+        })?;
         let (body, crc) = buf.split_at(body_len);
         let mut r = Reader::new(WHAT, body);
         check_magic(WHAT, r.take(8)?, &MAGIC)?;
@@ -185,9 +189,22 @@ impl Checkpoint {
         let contents = (0..content_count).map(|_| decode_content(&mut r)).collect::<Result<Vec<_>, _>>()?;
         let keys = (0..key_count).map(|_| decode_key(&mut r)).collect::<Result<Vec<_>, _>>()?;
         if r.remaining() != 0 {
-            return Err(FormatError::invalid(WHAT, "length", format!("{} unexplained bytes at the end", r.remaining())));
+            return Err(FormatError::invalid(
+                WHAT,
+                "length",
+                format!("{} unexplained bytes at the end", r.remaining()),
+            ));
         }
-        let cp = Checkpoint { volume_id, checkpoint_seq, created_unix_ms, next_segment_seq, segments, namespaces, contents, keys };
+        let cp = Checkpoint {
+            volume_id,
+            checkpoint_seq,
+            created_unix_ms,
+            next_segment_seq,
+            segments,
+            namespaces,
+            contents,
+            keys,
+        };
         cp.check_references()?;
         Ok(cp)
     }
@@ -197,12 +214,23 @@ impl Checkpoint {
         let segs = self.segments.len();
         for c in &self.contents {
             if usize::from(c.ns) >= nss || c.segment as usize >= segs {
-                return Err(FormatError::invalid(WHAT, "contents", format!("entry refers to namespace {} or segment {} that does not exist", c.ns, c.segment)));
+                return Err(FormatError::invalid(
+                    WHAT,
+                    "contents",
+                    format!("entry refers to namespace {} or segment {} that does not exist", c.ns, c.segment),
+                ));
             }
         }
         for k in &self.keys {
             if usize::from(k.ns) >= nss || k.segment as usize >= segs || k.content as usize >= self.contents.len() {
-                return Err(FormatError::invalid(WHAT, "keys", format!("entry refers to namespace {}, segment {} or block {} that does not exist", k.ns, k.segment, k.content)));
+                return Err(FormatError::invalid(
+                    WHAT,
+                    "keys",
+                    format!(
+                        "entry refers to namespace {}, segment {} or block {} that does not exist",
+                        k.ns, k.segment, k.content
+                    ),
+                ));
             }
         }
         Ok(())
@@ -222,19 +250,34 @@ fn decode_segment(r: &mut Reader<'_>) -> Result<SegmentState, FormatError> {
 
 fn decode_name(r: &mut Reader<'_>) -> Result<String, FormatError> {
     let len = usize::from(r.u16()?);
-    let name = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| FormatError::invalid(WHAT, "namespace", "not UTF-8"))?;
+    let name =
+        String::from_utf8(r.take(len)?.to_vec()).map_err(|_| FormatError::invalid(WHAT, "namespace", "not UTF-8"))?;
     validate_namespace(&name)?;
     Ok(name)
 }
 
 fn decode_content(r: &mut Reader<'_>) -> Result<ContentEntry, FormatError> {
-    let c = ContentEntry { fp: r.array()?, segment: r.u32()?, unit: r.u32()?, units: r.u32()?, raw_len: r.u32()?, ns: r.u16()? };
+    let c = ContentEntry {
+        fp: r.array()?,
+        segment: r.u32()?,
+        unit: r.u32()?,
+        units: r.u32()?,
+        raw_len: r.u32()?,
+        ns: r.u16()?,
+    };
     r.u16()?;
     Ok(c)
 }
 
 fn decode_key(r: &mut Reader<'_>) -> Result<KeyEntry, FormatError> {
-    let k = KeyEntry { fp: r.array()?, content: r.u32()?, segment: r.u32()?, unit: r.u32()?, expires_unix_s: r.u32()?, ns: r.u16()? };
+    let k = KeyEntry {
+        fp: r.array()?,
+        content: r.u32()?,
+        segment: r.u32()?,
+        unit: r.u32()?,
+        expires_unix_s: r.u32()?,
+        ns: r.u16()?,
+    };
     r.u16()?;
     Ok(k)
 }
@@ -251,7 +294,10 @@ mod tests {
             checkpoint_seq: 3,
             created_unix_ms: 4,
             next_segment_seq: 10,
-            segments: vec![SegmentState { seq: 9, end_unit: 12, sealed: false }, SegmentState { seq: 0, end_unit: 0, sealed: false }],
+            segments: vec![
+                SegmentState { seq: 9, end_unit: 12, sealed: false },
+                SegmentState { seq: 0, end_unit: 0, sealed: false },
+            ],
             namespaces: vec!["default".into(), "tenant-b".into()],
             contents: vec![ContentEntry { fp: [5; 16], segment: 0, unit: 1, units: 3, raw_len: 9000, ns: 1 }],
             keys: vec![KeyEntry { fp: [2; 16], content: 0, segment: 0, unit: 1, expires_unix_s: 0, ns: 1 }],

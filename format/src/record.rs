@@ -152,7 +152,11 @@ impl BlockDesc {
     /// Checks the description against the raw length it describes.
     pub fn validate(&self, raw_len: u64) -> Result<(), FormatError> {
         if self.shape.len() > NDIM_MAX {
-            return Err(FormatError::invalid(WHAT, "ndim", format!("{} dimensions, at most {NDIM_MAX}", self.shape.len())));
+            return Err(FormatError::invalid(
+                WHAT,
+                "ndim",
+                format!("{} dimensions, at most {NDIM_MAX}", self.shape.len()),
+            ));
         }
         if let Some(ndim) = self.layout.ndim() {
             if self.shape.len() != ndim {
@@ -266,11 +270,7 @@ pub struct RecordHeader {
 impl RecordHeader {
     /// Length of the encoded header in bytes.
     pub fn encoded_len(&self) -> usize {
-        FIXED_BYTES
-            + self.namespace.len()
-            + self.key.len()
-            + self.desc.encoded_len()
-            + self.compression.encoded_len()
+        FIXED_BYTES + self.namespace.len() + self.key.len() + self.desc.encoded_len() + self.compression.encoded_len()
     }
 
     /// Offset of the payload from the record's start: the header rounded up to a unit.
@@ -290,11 +290,19 @@ impl RecordHeader {
         validate_key(&self.key)?;
         self.desc.validate(self.raw_len)?;
         if self.compression.params.len() > CODEC_PARAMS_BYTES_MAX {
-            return Err(FormatError::invalid(WHAT, "codec_len", format!("{} bytes of codec parameters", self.compression.params.len())));
+            return Err(FormatError::invalid(
+                WHAT,
+                "codec_len",
+                format!("{} bytes of codec parameters", self.compression.params.len()),
+            ));
         }
         let no_payload = matches!(self.kind, RecordKind::Link | RecordKind::Tombstone);
         if no_payload && self.stored_len != 0 {
-            return Err(FormatError::invalid(WHAT, "stored_len", format!("{:?} record carries {} payload bytes", self.kind, self.stored_len)));
+            return Err(FormatError::invalid(
+                WHAT,
+                "stored_len",
+                format!("{:?} record carries {} payload bytes", self.kind, self.stored_len),
+            ));
         }
         if self.kind == RecordKind::Block
             && self.compression.codec_id == CompressionMeta::CODEC_NONE
@@ -359,7 +367,11 @@ impl RecordHeader {
         r.take(4)?;
         let len = r.u32()? as usize;
         if !(FIXED_BYTES..=HEADER_BYTES_MAX).contains(&len) {
-            return Err(FormatError::invalid(WHAT, "header_len", format!("{len} is outside {FIXED_BYTES}..={HEADER_BYTES_MAX}")));
+            return Err(FormatError::invalid(
+                WHAT,
+                "header_len",
+                format!("{len} is outside {FIXED_BYTES}..={HEADER_BYTES_MAX}"),
+            ));
         }
         Ok(len)
     }
@@ -375,7 +387,14 @@ impl RecordHeader {
         let flags = r.u8()?;
         r.u32()?;
         let stored_crc = r.u32()?;
-        check_crc(WHAT, stored_crc, &[bytes.get(..HEADER_CRC_OFFSET).unwrap_or_default(), bytes.get(HEADER_CRC_OFFSET + 4..).unwrap_or_default()])?;
+        check_crc(
+            WHAT,
+            stored_crc,
+            &[
+                bytes.get(..HEADER_CRC_OFFSET).unwrap_or_default(),
+                bytes.get(HEADER_CRC_OFFSET + 4..).unwrap_or_default(),
+            ],
+        )?;
         check_version(WHAT, u32::from(version), u32::from(VERSION))?;
         let kind = RecordKind::from_u8(kind)?;
         if flags & !(FLAG_HAS_PARENT | FLAG_HAS_GROUP) != 0 {
@@ -396,7 +415,11 @@ impl RecordHeader {
         let group = r.u64()?;
         let variable = ns_len + key_len + desc_len + codec_len;
         if FIXED_BYTES + variable != len || codec_len < 4 {
-            return Err(FormatError::invalid(WHAT, "header_len", format!("{len} does not match its parts ({FIXED_BYTES} + {variable})")));
+            return Err(FormatError::invalid(
+                WHAT,
+                "header_len",
+                format!("{len} does not match its parts ({FIXED_BYTES} + {variable})"),
+            ));
         }
         let namespace = utf8(r.take(ns_len)?, "namespace")?;
         let key = utf8(r.take(key_len)?, "key")?;

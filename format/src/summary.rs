@@ -40,7 +40,11 @@ pub fn decode(bytes: &[u8], record_count: u32, summary_crc: u32) -> Result<Vec<S
     // Every entry takes at least 8 + FIXED_BYTES bytes: bound the count before allocating.
     let max_entries = bytes.len() / entry_bytes(crate::record::FIXED_BYTES);
     if record_count as usize > max_entries {
-        return Err(FormatError::invalid(WHAT, "record_count", format!("{record_count} entries cannot fit in {} bytes", bytes.len())));
+        return Err(FormatError::invalid(
+            WHAT,
+            "record_count",
+            format!("{record_count} entries cannot fit in {} bytes", bytes.len()),
+        ));
     }
     let mut r = Reader::new(WHAT, bytes);
     let mut entries = Vec::with_capacity(record_count as usize);
@@ -53,14 +57,22 @@ pub fn decode(bytes: &[u8], record_count: u32, summary_crc: u32) -> Result<Vec<S
         }
         let header = RecordHeader::decode(r.take(len)?)?;
         if unit < next_unit {
-            return Err(FormatError::invalid(WHAT, "unit", format!("record at unit {unit} overlaps the one before (ends at {next_unit})")));
+            return Err(FormatError::invalid(
+                WHAT,
+                "unit",
+                format!("record at unit {unit} overlaps the one before (ends at {next_unit})"),
+            ));
         }
         let units = u32::try_from(header.record_bytes() / crate::UNIT_BYTES).unwrap_or(u32::MAX);
         next_unit = unit.saturating_add(units);
         entries.push(SummaryEntry { unit, header });
     }
     if r.remaining() != 0 {
-        return Err(FormatError::invalid(WHAT, "summary_bytes", format!("{} bytes left after {record_count} entries", r.remaining())));
+        return Err(FormatError::invalid(
+            WHAT,
+            "summary_bytes",
+            format!("{} bytes left after {record_count} entries", r.remaining()),
+        ));
     }
     debug_assert!(r.position() == bytes.len());
     Ok(entries)

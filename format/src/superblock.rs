@@ -28,7 +28,7 @@ const CRC_OFFSET: usize = 120;
 
 const _: () = assert!(ENCODED_BYTES as u64 <= UNIT_BYTES);
 const _: () = assert!(CRC_OFFSET + 4 <= ENCODED_BYTES);
-const _: () = assert!(SEGMENT_BYTES_MAX % UNIT_BYTES == 0);
+const _: () = assert!(SEGMENT_BYTES_MAX.is_multiple_of(UNIT_BYTES));
 
 /// The decoded superblock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +135,7 @@ impl Superblock {
         if self.copy > 1 {
             return bad("copy", format!("{} is neither 0 nor 1", self.copy));
         }
-        if self.segment_size_bytes % UNIT_BYTES != 0
+        if !self.segment_size_bytes.is_multiple_of(UNIT_BYTES)
             || !(SEGMENT_BYTES_MIN..=SEGMENT_BYTES_MAX).contains(&self.segment_size_bytes)
         {
             return bad(
@@ -149,16 +149,16 @@ impl Superblock {
         if self.segment_count < SEGMENT_COUNT_MIN {
             return bad("segment_count", format!("{} is below the minimum of {SEGMENT_COUNT_MIN}", self.segment_count));
         }
-        let checkpoint_end = self
-            .checkpoint_offset
-            .checked_add(self.checkpoint_slot_bytes.saturating_mul(2))
-            .unwrap_or(u64::MAX);
-        if self.checkpoint_slot_bytes % UNIT_BYTES != 0
+        let checkpoint_end = self.checkpoint_offset.saturating_add(self.checkpoint_slot_bytes.saturating_mul(2));
+        if !self.checkpoint_slot_bytes.is_multiple_of(UNIT_BYTES)
             || (self.checkpoint_slot_bytes != 0 && self.checkpoint_offset < 2 * UNIT_BYTES)
         {
             return bad("checkpoint_offset", "checkpoint slots overlap the superblocks or are unaligned".into());
         }
-        if self.data_offset % UNIT_BYTES != 0 || self.data_offset < 2 * UNIT_BYTES || self.data_offset < checkpoint_end {
+        if !self.data_offset.is_multiple_of(UNIT_BYTES)
+            || self.data_offset < 2 * UNIT_BYTES
+            || self.data_offset < checkpoint_end
+        {
             return bad("data_offset", format!("{} overlaps the superblocks or checkpoints", self.data_offset));
         }
         let end = u64::from(self.segment_count)
@@ -257,7 +257,10 @@ mod tests {
     #[test]
     fn geometry_that_does_not_fit_is_rejected() {
         let sb = Superblock { segment_count: 1000, ..sample() };
-        assert!(matches!(Superblock::decode(&sb.encode(0)), Err(FormatError::InvalidField { field: "segment_count", .. })));
+        assert!(matches!(
+            Superblock::decode(&sb.encode(0)),
+            Err(FormatError::InvalidField { field: "segment_count", .. })
+        ));
         let sb = Superblock { segment_size_bytes: 4097, ..sample() };
         assert!(Superblock::decode(&sb.encode(0)).is_err());
         let sb = Superblock { segment_count: u32::MAX, segment_size_bytes: SEGMENT_BYTES_MAX, ..sample() };

@@ -59,16 +59,22 @@ impl BlockDevice for FileDevice {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         check_request("read", offset, buf.len(), self.capacity, UNIT_BYTES)?;
-        self.file
-            .read_exact_at(buf, offset)
-            .map_err(|source| DeviceError::Io { op: "read", offset, len: buf.len() as u64, source })
+        self.file.read_exact_at(buf, offset).map_err(|source| DeviceError::Io {
+            op: "read",
+            offset,
+            len: buf.len() as u64,
+            source,
+        })
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES)?;
-        self.file
-            .write_all_at(buf, offset)
-            .map_err(|source| DeviceError::Io { op: "write", offset, len: buf.len() as u64, source })
+        self.file.write_all_at(buf, offset).map_err(|source| DeviceError::Io {
+            op: "write",
+            offset,
+            len: buf.len() as u64,
+            source,
+        })
     }
 
     fn sync(&self) -> Result<(), DeviceError> {

@@ -186,7 +186,7 @@ impl BlockDevice for MemDevice {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use crate::AlignedBuf;
 

@@ -94,7 +94,7 @@ pub(crate) fn check_request(
     alignment: u64,
 ) -> Result<(), DeviceError> {
     let len = len as u64;
-    if offset % alignment != 0 || len % alignment != 0 {
+    if !offset.is_multiple_of(alignment) || !len.is_multiple_of(alignment) {
         return Err(DeviceError::Misaligned { op, offset, len, alignment });
     }
     if offset.checked_add(len).is_none_or(|end| end > capacity) {
@@ -106,7 +106,7 @@ pub(crate) fn check_request(
 #[cfg(test)]
 pub(crate) mod conformance {
     //! The behaviour every backend must show; each backend's tests call [`run`].
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use crate::AlignedBuf;
 
@@ -123,6 +123,9 @@ pub(crate) mod conformance {
         assert!(matches!(dev.read_at(&mut r[..100], 0), Err(DeviceError::Misaligned { .. })));
         let end = dev.capacity_bytes() / unit * unit;
         assert!(matches!(dev.read_at(&mut r, end), Err(DeviceError::OutOfRange { .. })));
-        assert!(matches!(dev.write_at(&w, u64::MAX - unit + 1), Err(DeviceError::OutOfRange { .. }) | Err(DeviceError::Misaligned { .. })));
+        assert!(matches!(
+            dev.write_at(&w, u64::MAX - unit + 1),
+            Err(DeviceError::OutOfRange { .. }) | Err(DeviceError::Misaligned { .. })
+        ));
     }
 }

@@ -24,7 +24,11 @@ pub struct SegmentRecords {
 }
 
 /// Reads the header of segment `index`; `None` if it is free or not of this volume.
-pub fn read_segment_header(dev: &dyn BlockDevice, sb: &Superblock, index: u32) -> Result<Option<SegmentHeader>, DeviceError> {
+pub fn read_segment_header(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+) -> Result<Option<SegmentHeader>, DeviceError> {
     let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
     dev.read_at(&mut unit, sb.segment_offset(index))?;
     Ok(match SegmentHeader::decode(&unit) {
@@ -39,7 +43,13 @@ pub fn read_segment_header(dev: &dyn BlockDevice, sb: &Superblock, index: u32) -
 }
 
 /// The records of segment `index` (use `seq`) from unit `from_unit` on.
-pub fn read_segment(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64, from_unit: u32) -> Result<SegmentRecords, DeviceError> {
+pub fn read_segment(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+    seq: u64,
+    from_unit: u32,
+) -> Result<SegmentRecords, DeviceError> {
     match read_summary(dev, sb, index, seq)? {
         Ok((entries, end_unit)) => {
             let entries = entries.into_iter().filter(|e| e.unit >= from_unit).collect();
@@ -57,7 +67,12 @@ pub fn read_segment(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64
 /// The summary of a sealed segment; `Err(None)` when the segment is not sealed (no trailer of
 /// this use), `Err(Some(reason))` when the trailer or summary is damaged.
 #[allow(clippy::type_complexity)]
-fn read_summary(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64) -> Result<Result<(Vec<SummaryEntry>, u32), Option<String>>, DeviceError> {
+fn read_summary(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+    seq: u64,
+) -> Result<Result<(Vec<SummaryEntry>, u32), Option<String>>, DeviceError> {
     let units = sb.segment_units();
     let base = sb.segment_offset(index);
     let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
@@ -79,7 +94,13 @@ fn read_summary(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64) ->
 
 /// Walks records from `unit` until one does not decode, belongs to another use of the segment,
 /// or fails its payload checksum: that is where the segment's valid log ends (a torn tail).
-fn scan(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64, mut unit: u32) -> Result<SegmentRecords, DeviceError> {
+fn scan(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+    seq: u64,
+    mut unit: u32,
+) -> Result<SegmentRecords, DeviceError> {
     let units = sb.segment_units();
     let base = sb.segment_offset(index);
     let mut entries = Vec::new();
@@ -126,7 +147,11 @@ pub fn read_record_at(
         Err(e) => return Ok(Err(e.to_string())),
     };
     if seq.is_some_and(|s| s != header.segment_seq) {
-        return Ok(Err(format!("record of segment use {} where use {} was expected", header.segment_seq, seq.unwrap_or(0))));
+        return Ok(Err(format!(
+            "record of segment use {} where use {} was expected",
+            header.segment_seq,
+            seq.unwrap_or(0)
+        )));
     }
     let record_units = header.record_bytes() / UNIT_BYTES;
     if record_units > u64::from(max_units) {

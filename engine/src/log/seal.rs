@@ -9,7 +9,15 @@ use crate::AlignedBuf;
 
 /// Writes the summary of segment `index` (use `seq`, records ending at `end_unit`) and then its
 /// trailer. Not synced: a summary that does not survive a crash is rebuilt by scanning.
-pub fn write_seal(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64, end_unit: u32, summary: &[u8], record_count: u32) -> Result<(), DeviceError> {
+pub fn write_seal(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+    seq: u64,
+    end_unit: u32,
+    summary: &[u8],
+    record_count: u32,
+) -> Result<(), DeviceError> {
     let base = sb.segment_offset(index);
     if !summary.is_empty() {
         let mut buf = AlignedBuf::zeroed(summary.len());

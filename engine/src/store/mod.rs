@@ -84,11 +84,17 @@ impl Store {
     pub fn create(path: &Path, create: &CreateOptions, opts: StoreOptions) -> Result<Store> {
         let paths = VolumePaths::resolve(path);
         if paths.meta_dir.is_some() {
-            let capacity = create.capacity_bytes.ok_or_else(|| StoreError::invalid("capacity", "a directory volume needs a capacity (--capacity)"))?;
+            let capacity = create
+                .capacity_bytes
+                .ok_or_else(|| StoreError::invalid("capacity", "a directory volume needs a capacity (--capacity)"))?;
             volume::create_data_file(&paths, capacity)?;
         }
         let lock = volume::lock(&paths)?;
-        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File { action: "cannot open", path: paths.data.clone(), source })?;
+        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File {
+            action: "cannot open",
+            path: paths.data.clone(),
+            source,
+        })?;
         if paths.meta_dir.is_none() && volume::has_superblock(&dev) {
             return Err(StoreError::AlreadyExists { path: paths.data });
         }
@@ -103,7 +109,11 @@ impl Store {
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store> {
         let paths = VolumePaths::resolve(path);
         let lock = volume::lock(&paths)?;
-        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File { action: "cannot open", path: paths.data.clone(), source })?;
+        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File {
+            action: "cannot open",
+            path: paths.data.clone(),
+            source,
+        })?;
         let sb = Self::read_superblock(&dev, path)?;
         let checkpoints = CheckpointStore::for_volume(&sb, paths.meta_dir.clone());
         Self::start(Arc::new(dev), sb, checkpoints, opts, Some(lock))
@@ -124,7 +134,8 @@ impl Store {
 
     fn format_device(dev: &dyn BlockDevice, create: &CreateOptions, slots: bool, clock: &Clock) -> Result<()> {
         let now = clock.now_unix_ms();
-        let id = *blake3::hash(&[&now.to_le_bytes()[..], &std::process::id().to_le_bytes(), &random_bytes()].concat()).as_bytes();
+        let id = *blake3::hash(&[&now.to_le_bytes()[..], &std::process::id().to_le_bytes(), &random_bytes()].concat())
+            .as_bytes();
         let mut volume_id = [0u8; 16];
         volume_id.copy_from_slice(&id[..16]);
         let sb = volume::plan(dev.capacity_bytes(), create, slots, volume_id, now)?;
@@ -139,13 +150,23 @@ impl Store {
         if sb.capacity_bytes > dev.capacity_bytes() {
             return Err(StoreError::NotAVolume {
                 path: path.to_path_buf(),
-                reason: format!("the superblock says {} bytes but the device has {}: the volume file was truncated", sb.capacity_bytes, dev.capacity_bytes()),
+                reason: format!(
+                    "the superblock says {} bytes but the device has {}: the volume file was truncated",
+                    sb.capacity_bytes,
+                    dev.capacity_bytes()
+                ),
             });
         }
         Ok(sb)
     }
 
-    fn start(dev: Arc<dyn BlockDevice>, sb: Superblock, checkpoints: CheckpointStore, opts: StoreOptions, lock: Option<File>) -> Result<Store> {
+    fn start(
+        dev: Arc<dyn BlockDevice>,
+        sb: Superblock,
+        checkpoints: CheckpointStore,
+        opts: StoreOptions,
+        lock: Option<File>,
+    ) -> Result<Store> {
         let recovered = recover(dev.as_ref(), &sb, &checkpoints)?;
         tracing::info!(
             checkpoint = ?recovered.report.checkpoint_seq,
@@ -286,11 +307,11 @@ impl Inner {
         }
         self.writable_or_closing(&log)?;
         let Some(open) = log.open.take() else { return Ok(log) };
-        write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records).map_err(|e| {
-            let reason = e.to_string();
-            self.poison(&mut log, reason);
-            e
-        })?;
+        write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records)
+            .inspect_err(|e| {
+                let reason = e.to_string();
+                self.poison(&mut log, reason);
+            })?;
         if let Some(s) = log.segments.get_mut(open.index as usize) {
             s.state = SegState::Sealed { end_unit: open.tail };
         }
@@ -344,12 +365,17 @@ impl Inner {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| match s.state {
-                SegState::Sealed { end_unit } => Some(SegmentView { index: i as u32, seq: s.seq, created_unix_ms: s.created_unix_ms, end_unit }),
+                SegState::Sealed { end_unit } => {
+                    Some(SegmentView { index: i as u32, seq: s.seq, created_unix_ms: s.created_unix_ms, end_unit })
+                }
                 _ => None,
             })
             .collect();
-        let oldest = OldestFirst.choose_victim(&sealed).ok_or_else(|| StoreError::invalid("volume", "no sealed segment to reclaim"))?;
-        let victim = self.policy.choose_victim(&sealed).filter(|v| sealed.iter().any(|s| s.index == *v)).unwrap_or(oldest);
+        let oldest = OldestFirst
+            .choose_victim(&sealed)
+            .ok_or_else(|| StoreError::invalid("volume", "no sealed segment to reclaim"))?;
+        let victim =
+            self.policy.choose_victim(&sealed).filter(|v| sealed.iter().any(|s| s.index == *v)).unwrap_or(oldest);
         let dropped = self.index_write().drop_segment(victim);
         if let Some(s) = log.segments.get_mut(victim as usize) {
             *s = SegInfo::FREE;
@@ -428,7 +454,6 @@ fn random_bytes() -> [u8; 16] {
     }
     out
 }
-
 
 #[cfg(test)]
 mod tests;

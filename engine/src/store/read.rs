@@ -87,7 +87,8 @@ impl std::fmt::Display for ListCursor {
 impl std::str::FromStr for ListCursor {
     type Err = StoreError;
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || StoreError::invalid("cursor", format!("{s:?}: expected SEQ.UNIT as printed by a previous listing"));
+        let bad =
+            || StoreError::invalid("cursor", format!("{s:?}: expected SEQ.UNIT as printed by a previous listing"));
         let (seq, unit) = s.split_once('.').ok_or_else(bad)?;
         Ok(ListCursor(Pos { seq: seq.parse().map_err(|_| bad())?, unit: unit.parse().map_err(|_| bad())? }))
     }
@@ -143,7 +144,13 @@ impl Store {
 
     /// Reads the block under `key` into `buf` and returns its description and the number of
     /// bytes written, or `None` on a miss.
-    pub fn get_into(&self, namespace: &str, key: &str, buf: &mut [u8], opts: ReadOptions) -> Result<Option<(BlockMeta, usize)>> {
+    pub fn get_into(
+        &self,
+        namespace: &str,
+        key: &str,
+        buf: &mut [u8],
+        opts: ReadOptions,
+    ) -> Result<Option<(BlockMeta, usize)>> {
         let Some(block) = self.get(namespace, key, opts)? else { return Ok(None) };
         let got = buf.len() as u64;
         let dst = buf.get_mut(..block.len).ok_or(StoreError::BufferTooSmall { needed: block.len as u64, got })?;
@@ -254,24 +261,24 @@ impl Inner {
 
     /// Reads and checks a block record. `still_current` tells whether the index still points
     /// at it: if not, a mismatch is a race with reclaim (a plain miss), otherwise damage.
-    fn read_content(&self, entry: &ContentEntry, opts: ReadOptions, still_current: impl Fn() -> bool) -> Result<Option<Block>> {
+    fn read_content(
+        &self,
+        entry: &ContentEntry,
+        opts: ReadOptions,
+        still_current: impl Fn() -> bool,
+    ) -> Result<Option<Block>> {
         let loc = entry.record;
         let pending = self.lock_pending().get(&loc).cloned();
-        let (bytes, record): (Bytes, &[u8]);
-        let owned;
-        match pending {
-            Some(buf) => {
-                owned = Bytes::Shared(buf);
-            }
+        let bytes = match pending {
+            Some(buf) => Bytes::Shared(buf),
             None => {
                 let mut buf = AlignedBuf::zeroed(entry.units as usize * UNIT_BYTES as usize);
                 let offset = self.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
                 self.dev.read_at(&mut buf, offset)?;
-                owned = Bytes::Owned(buf);
+                Bytes::Owned(buf)
             }
-        }
-        bytes = owned;
-        record = match &bytes {
+        };
+        let record: &[u8] = match &bytes {
             Bytes::Owned(b) => b,
             Bytes::Shared(b) => b,
         };

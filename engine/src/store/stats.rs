@@ -155,7 +155,14 @@ impl Store {
             .enumerate()
             .map(|(id, name)| {
                 let c = index.counters(id as u16);
-                NamespaceStats { name: name.clone(), keys: c.keys, blocks: c.blocks, logical_bytes: c.logical_bytes, unique_bytes: c.unique_bytes, stored_bytes: c.stored_bytes }
+                NamespaceStats {
+                    name: name.clone(),
+                    keys: c.keys,
+                    blocks: c.blocks,
+                    logical_bytes: c.logical_bytes,
+                    unique_bytes: c.unique_bytes,
+                    stored_bytes: c.stored_bytes,
+                }
             })
             .collect();
         let sum = |f: fn(&NamespaceStats) -> u64| namespaces.iter().map(f).sum::<u64>();

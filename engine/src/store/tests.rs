@@ -10,7 +10,12 @@ const SEG: u64 = 1 << 20;
 
 fn mem_store(segments: u64) -> (Arc<MemDevice>, Store) {
     let dev = Arc::new(MemDevice::new(SEG * (segments + 3)));
-    let store = Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, StoreOptions::default()).unwrap();
+    let store = Store::create_on(
+        dev.clone(),
+        &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG },
+        StoreOptions::default(),
+    )
+    .unwrap();
     (dev, store)
 }
 
@@ -45,7 +50,8 @@ fn put_get_round_trips_at_every_durability() {
     let (_dev, s) = mem_store(8);
     for (i, d) in [Durability::Buffered, Durability::Written, Durability::Synced].into_iter().enumerate() {
         let bytes = block(i as u64, 10_000 + i);
-        let hash = s.put("default", &format!("k{i}"), &bytes, &PutOptions { durability: d, ..PutOptions::default() }).unwrap();
+        let hash =
+            s.put("default", &format!("k{i}"), &bytes, &PutOptions { durability: d, ..PutOptions::default() }).unwrap();
         assert_eq!(hash, *blake3::hash(&bytes).as_bytes());
         assert_eq!(get(&s, &format!("k{i}")).unwrap(), bytes);
     }
@@ -55,7 +61,10 @@ fn put_get_round_trips_at_every_durability() {
     assert_eq!(&buf[..n], &block(1, 10_001)[..]);
     assert_eq!(meta.raw_len, 10_001);
     let mut small = vec![0u8; 10];
-    assert!(matches!(s.get_into("default", "k1", &mut small, ReadOptions::default()), Err(StoreError::BufferTooSmall { .. })));
+    assert!(matches!(
+        s.get_into("default", "k1", &mut small, ReadOptions::default()),
+        Err(StoreError::BufferTooSmall { .. })
+    ));
 }
 
 #[test]
@@ -149,7 +158,10 @@ fn bad_names_are_refused_and_nothing_is_lost() {
     let (_dev, s) = mem_store(4);
     s.put("default", "ok", b"x", &PutOptions::default()).unwrap();
     assert!(matches!(s.put("", "k", b"x", &PutOptions::default()), Err(StoreError::InvalidArgument { .. })));
-    assert!(matches!(s.put("default", &"k".repeat(5000), b"x", &PutOptions::default()), Err(StoreError::InvalidArgument { .. })));
+    assert!(matches!(
+        s.put("default", &"k".repeat(5000), b"x", &PutOptions::default()),
+        Err(StoreError::InvalidArgument { .. })
+    ));
     assert!(matches!(s.put("default", "", b"x", &PutOptions::default()), Err(StoreError::InvalidArgument { .. })));
     assert!(s.get("a/b", "k", ReadOptions::default()).is_err());
     assert_eq!(get(&s, "ok").unwrap(), b"x");
@@ -160,7 +172,9 @@ fn ttl_expires_keys() {
     let ms = Arc::new(AtomicU64::new(1_700_000_000_000));
     let dev = Arc::new(MemDevice::new(SEG * 6));
     let opts = StoreOptions { clock: Clock::manual(ms.clone()), ..StoreOptions::default() };
-    let s = Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone()).unwrap();
+    let s =
+        Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone())
+            .unwrap();
     s.put("default", "short", b"abc", &PutOptions { ttl_secs: Some(10), ..PutOptions::default() }).unwrap();
     s.put("default", "forever", b"def", &PutOptions::default()).unwrap();
     assert!(s.contains("default", "short").unwrap());

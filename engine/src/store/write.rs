@@ -8,7 +8,7 @@ use kvhoard_format::record::{validate_key, validate_namespace, BlockDesc, Compre
 use kvhoard_format::UNIT_BYTES;
 
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, key_fp, ContentFp, KeyFp, Loc};
+use crate::index::{content_fp, key_fp, ContentEntry, ContentFp, KeyFp, Loc};
 use crate::log::{fits_empty, Pos};
 use crate::options::{Durability, PutOptions};
 use crate::recovery::expiry;
@@ -52,7 +52,11 @@ pub(super) fn spawn_writer(inner: Arc<Inner>, depth: usize) -> Result<(SyncSende
                 let _ = inner.write_record(&job);
             }
         })
-        .map_err(|source| StoreError::File { action: "cannot start the writer thread for", path: "<volume>".into(), source })?;
+        .map_err(|source| StoreError::File {
+            action: "cannot start the writer thread for",
+            path: "<volume>".into(),
+            source,
+        })?;
     Ok((tx, handle))
 }
 
@@ -69,7 +73,10 @@ impl Store {
         validate_namespace(namespace)?;
         let inner = &self.inner;
         let now = inner.clock.now_unix_ms();
-        let mut prepared = items.iter().map(|(key, bytes)| inner.prepare(namespace, key, bytes, opts, now)).collect::<Result<Vec<_>>>()?;
+        let mut prepared = items
+            .iter()
+            .map(|(key, bytes)| inner.prepare(namespace, key, bytes, opts, now))
+            .collect::<Result<Vec<_>>>()?;
         let hashes = prepared.iter().map(|p| p.header.content_hash).collect();
         let mut rest = prepared.as_mut_slice();
         let mut last_end = Pos::default();
@@ -152,13 +159,24 @@ impl Store {
 
 impl Inner {
     /// Validates and hashes one block and decides between a block and a link record.
-    fn prepare<'a>(&self, namespace: &str, key: &str, bytes: &'a [u8], opts: &PutOptions, now: u64) -> Result<Prepared<'a>> {
+    fn prepare<'a>(
+        &self,
+        namespace: &str,
+        key: &str,
+        bytes: &'a [u8],
+        opts: &PutOptions,
+        now: u64,
+    ) -> Result<Prepared<'a>> {
         validate_key(key)?;
         let compression = opts.compression.clone().unwrap_or_else(CompressionMeta::none);
         let (raw_len, content_hash) = match (&opts.raw, compression.codec_id) {
             (Some(raw), c) if c != CompressionMeta::CODEC_NONE => *raw,
-            (Some(_), _) => return Err(StoreError::invalid("raw", "raw length and hash are only given for compressed bytes")),
-            (None, c) if c != CompressionMeta::CODEC_NONE => return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash")),
+            (Some(_), _) => {
+                return Err(StoreError::invalid("raw", "raw length and hash are only given for compressed bytes"))
+            }
+            (None, c) if c != CompressionMeta::CODEC_NONE => {
+                return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash"))
+            }
             (None, _) => (bytes.len() as u64, *blake3::hash(bytes).as_bytes()),
         };
         let content = content_fp(namespace, &content_hash);
@@ -182,7 +200,9 @@ impl Inner {
         header.validate()?;
         let as_block = RecordHeader { kind: RecordKind::Block, stored_len: bytes.len() as u64, ..header.clone() };
         let units = (as_block.record_bytes() / UNIT_BYTES) as u32;
-        if as_block.record_bytes() / UNIT_BYTES > u64::from(u32::MAX) || !fits_empty(units, header.encoded_len(), self.sb.segment_units()) {
+        if as_block.record_bytes() / UNIT_BYTES > u64::from(u32::MAX)
+            || !fits_empty(units, header.encoded_len(), self.sb.segment_units())
+        {
             let max_bytes = (u64::from(self.sb.segment_units()) - 3) * UNIT_BYTES - header.payload_offset();
             return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
         }
@@ -242,10 +262,15 @@ impl Inner {
     /// Updates the index for a reserved record, in log order.
     fn apply(&self, h: &RecordHeader, key: KeyFp, content: ContentFp, loc: Loc, units: u32) -> Result<()> {
         let mut index = self.index_write();
-        let ns = index.ns_id_or_insert(&h.namespace).ok_or_else(|| StoreError::invalid("namespace", "a volume holds at most 65536 namespaces"))?;
+        let ns = index
+            .ns_id_or_insert(&h.namespace)
+            .ok_or_else(|| StoreError::invalid("namespace", "a volume holds at most 65536 namespaces"))?;
         let expires = expiry(h.created_unix_ms, h.ttl_secs);
         match h.kind {
-            RecordKind::Block => index.apply_block(ns, key, content, loc, units, h.raw_len as u32, expires),
+            RecordKind::Block => {
+                let block = ContentEntry { fp: content, record: loc, units, raw_len: h.raw_len as u32, refs: 0, ns };
+                index.apply_block(key, block, expires);
+            }
             RecordKind::Link => {
                 let linked = index.apply_link(ns, key, content, loc, expires);
                 debug_assert!(linked, "link reserved for bytes that are not stored");
