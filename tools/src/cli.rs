@@ -1,0 +1,174 @@
+//! The command line, parsed and validated with no I/O; `main` then builds what the command needs.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use kvhoard_engine::Durability;
+
+use crate::size::parse_size;
+
+/// kvhoard: a storage engine for LLM KV caches.
+///
+/// kvhoard keeps KV-cache blocks (the key/value tensors of processed prompts) in a
+/// log-structured, content-addressed volume on NVMe, so that serving engines can reload them
+/// instead of recomputing them. A VOLUME is a directory (holding volume.kvh and its checkpoint)
+/// or a raw block device.
+///
+/// Exit codes: 0 success; 1 error; 2 bad command line; 3 key not found (get, rm).
+#[derive(Debug, Parser)]
+#[command(name = "kvhoard", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    /// Log level for messages on stderr: error, warn, info, debug, trace (RUST_LOG overrides).
+    #[arg(long, global = true, default_value = "warn", value_name = "LEVEL")]
+    pub log_level: String,
+
+    /// Use the page cache instead of O_DIRECT for the volume.
+    #[arg(long, global = true)]
+    pub no_direct_io: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a volume.
+    ///
+    /// For a directory, creates it if needed and reserves --capacity bytes in DIR/volume.kvh.
+    /// For a block device, uses the whole device (or --capacity of it) and keeps checkpoints in
+    /// two reserved slots at its start. Refuses to overwrite an existing volume.
+    Init {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// Size of the volume (directories only; devices default to their size). Units: B, KiB,
+        /// MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000).
+        #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+        capacity: Option<u64>,
+        /// Size of each segment, the unit of space reclaim; the largest block is a little smaller.
+        #[arg(long, value_parser = parse_size, default_value = "64MiB", value_name = "SIZE")]
+        segment_size: u64,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Store a block under KEY and print its blake3 content hash.
+    Put {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// The key (any UTF-8 up to 4096 bytes; `/`, `@`, `%` are fine).
+        key: String,
+        /// File to read the block from; `-` or nothing reads stdin.
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        ns: NamespaceArg,
+        /// Seconds until the key expires.
+        #[arg(long, value_name = "SECS")]
+        ttl: Option<u32>,
+        /// Group (context) id the block belongs to.
+        #[arg(long, value_name = "G")]
+        group: Option<u64>,
+        /// When to acknowledge: buffered (in memory), written (write completed), synced (after
+        /// fdatasync; survives power loss).
+        #[arg(long, default_value = "synced", value_parser = parse_durability, value_name = "LEVEL")]
+        durability: Durability,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the block stored under KEY to stdout or a file. Exits 3 if there is none.
+    Get {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// The key.
+        key: String,
+        /// Write to FILE instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        ns: NamespaceArg,
+        /// Also check the bytes' blake3 hash (crc32c is always checked).
+        #[arg(long)]
+        verify: bool,
+    },
+    /// Show the volume's capacity, usage, contents per namespace and counters.
+    Stat {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the keys of a namespace, oldest first.
+    Ls {
+        /// Directory or block device.
+        volume: PathBuf,
+        #[command(flatten)]
+        ns: NamespaceArg,
+        /// Print at most N keys.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// Continue a listing after this cursor (printed by --json listings).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// Also print size, creation time and content hash.
+        #[arg(short, long)]
+        long: bool,
+        /// Print JSON lines, one per key, then one with the cursor to continue from.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete KEY. Exits 3 if there was none.
+    Rm {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// The key.
+        key: String,
+        #[command(flatten)]
+        ns: NamespaceArg,
+        /// When to acknowledge the deletion (see put).
+        #[arg(long, default_value = "synced", value_parser = parse_durability, value_name = "LEVEL")]
+        durability: Durability,
+    },
+    /// Show kvhoard at work: create a volume, store and reload realistic KV blocks, restart.
+    ///
+    /// Generates bf16 KV-cache chunks in LMCache's KV_2LTD layout from a seed (some chunks are
+    /// shared prefixes, so deduplication shows), stores them, reads them back and checks every
+    /// byte, restarts the store from its checkpoint and from its log alone, and reads them again.
+    Demo {
+        /// Directory for the volume; a temporary one (removed afterwards) by default.
+        dir: Option<PathBuf>,
+        /// Number of blocks to store.
+        #[arg(long, default_value_t = 300)]
+        blocks: u32,
+        /// Seed of the generated data.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Print one JSON object instead of sentences.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The namespace option shared by key commands.
+#[derive(Debug, Args)]
+pub struct NamespaceArg {
+    /// Namespace (tenant or model) of the key.
+    #[arg(short = 'n', long = "namespace", default_value = "default", value_name = "NS")]
+    pub namespace: String,
+}
+
+fn parse_durability(s: &str) -> Result<Durability, String> {
+    s.parse()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,22 @@
+//! One module per subcommand.
+
+pub mod demo;
+pub mod init;
+pub mod keys;
+pub mod ls;
+pub mod stat;
+
+use std::path::Path;
+
+use anyhow::Context;
+use kvhoard_engine::{Store, StoreOptions};
+
+/// Opens a volume, saying which one failed to open.
+pub fn open(volume: &Path, opts: StoreOptions) -> anyhow::Result<Store> {
+    Store::open(volume, opts).with_context(|| format!("cannot open volume {}", volume.display()))
+}
+
+/// Lower-case hex of a hash.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

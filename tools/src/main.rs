@@ -1,0 +1,53 @@
+//! The `kvhoard` binary: parses the command line and wires it to the engine.
+
+mod cli;
+mod commands;
+mod size;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+/// Exit code when a key is not found.
+pub const EXIT_NOT_FOUND: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_level);
+    let opts = kvhoard_engine::StoreOptions { direct_io: !cli.no_direct_io, ..Default::default() };
+    let result = match cli.command {
+        Command::Init { volume, capacity, segment_size, json } => {
+            commands::init::run(&volume, capacity, segment_size, json, opts)
+        }
+        Command::Put { volume, key, file, ns, ttl, group, durability, json } => {
+            commands::keys::put(&volume, &ns.namespace, &key, file.as_deref(), ttl, group, durability, json, opts)
+        }
+        Command::Get { volume, key, output, ns, verify } => {
+            commands::keys::get(&volume, &ns.namespace, &key, output.as_deref(), verify, opts)
+        }
+        Command::Rm { volume, key, ns, durability } => {
+            commands::keys::rm(&volume, &ns.namespace, &key, durability, opts)
+        }
+        Command::Stat { volume, json } => commands::stat::run(&volume, json, opts),
+        Command::Ls { volume, ns, limit, after, long, json } => {
+            commands::ls::run(&volume, &ns.namespace, limit, after.as_deref(), long, json, opts)
+        }
+        Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kvhoard: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
