@@ -257,6 +257,11 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A panicking caller may have left a reservation unwritten; sealing would wait for
+            // it forever. The next open recovers from the log.
+            return;
+        }
         if let Err(e) = self.close() {
             tracing::warn!(error = %e, "closing the store failed; the next open will replay the log");
         }

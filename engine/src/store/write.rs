@@ -218,40 +218,57 @@ impl Inner {
         self.writable(&log)?;
         let mut jobs = Vec::with_capacity(items.len());
         for (done, item) in items.iter_mut().enumerate() {
-            if item.header.kind == RecordKind::Link && self.index_read().content_slot(&item.content).is_none() {
-                // The bytes were reclaimed since prepare(): store them again.
-                item.header.kind = RecordKind::Block;
-                item.header.stored_len = item.payload.len() as u64;
-                item.header.payload_crc = crc32c::crc32c(item.payload);
-                item.buf = Some(record_buffer(&item.header, item.payload));
-            }
             if item.header.kind == RecordKind::Tombstone && self.index_read().key(&item.key).is_none() {
                 continue;
             }
-            let units = (item.header.record_bytes() / UNIT_BYTES) as u32;
-            let header_len = item.header.encoded_len();
             loop {
+                let units = (item.header.record_bytes() / UNIT_BYTES) as u32;
+                let header_len = item.header.encoded_len();
                 match &log.open {
-                    Some(open) if open.fits(units, header_len, self.sb.segment_units()) => break,
+                    Some(open) if open.fits(units, header_len, self.sb.segment_units()) => {}
                     Some(_) if !jobs.is_empty() => return Ok((jobs, done)),
-                    Some(_) => log = self.seal_open(log)?,
-                    None => self.open_segment(&mut log)?,
+                    Some(_) => {
+                        log = self.seal_open(log)?;
+                        continue;
+                    }
+                    None => {
+                        // May reclaim a segment, and with it the bytes a link points at.
+                        self.open_segment(&mut log)?;
+                        continue;
+                    }
                 }
+                if item.header.kind == RecordKind::Link && self.index_read().content_slot(&item.content).is_none() {
+                    // The bytes were reclaimed since prepare(): store them again.
+                    item.header.kind = RecordKind::Block;
+                    item.header.stored_len = item.payload.len() as u64;
+                    item.header.payload_crc = crc32c::crc32c(item.payload);
+                    item.buf = Some(record_buffer(&item.header, item.payload));
+                    continue;
+                }
+                break;
             }
+            let units = (item.header.record_bytes() / UNIT_BYTES) as u32;
             let Some(open) = log.open.as_mut() else { return Err(StoreError::Closed) };
             item.header.segment_seq = open.seq;
             let encoded = item.header.encode();
-            let unit = open.reserve(units, &encoded);
-            let loc = Loc { segment: open.index, unit };
-            let seq = open.seq;
+            let (loc, seq) = (Loc { segment: open.index, unit: open.tail }, open.seq);
             let mut buf = item.buf.take().unwrap_or_else(|| record_buffer(&item.header, &[]));
             if let Some(dst) = buf.get_mut(..encoded.len()) {
                 dst.copy_from_slice(&encoded);
             }
-            self.apply(&item.header, item.key, item.content, loc, units)?;
+            // Readers find the record through the index, so the bytes must be findable (in
+            // `pending`) before the index points at them.
             let buf = Arc::new(buf);
             if item.header.kind == RecordKind::Block {
                 self.lock_pending().insert(loc, Arc::clone(&buf));
+            }
+            if let Err(e) = self.apply(&item.header, item.key, item.content, loc, units) {
+                self.lock_pending().remove(&loc);
+                return Err(e);
+            }
+            if let Some(open) = log.open.as_mut() {
+                let unit = open.reserve(units, &encoded);
+                debug_assert_eq!(unit, loc.unit);
             }
             self.metrics.count_put(&item.header);
             jobs.push(WriteJob { buf, loc, seq, key: item.key });

@@ -1,0 +1,46 @@
+//! Child process of the crash test: writes blocks with `synced` durability and prints an
+//! acknowledgement line after each one returns, until it is killed.
+//!
+//! Usage: crash-writer VOLUME FIRST_ID [hold]
+//!   Prints `put ID` after block ID is durable, `del ID` after a deletion of block ID is durable.
+//!   With `hold`, opens the volume, prints `open`, and sleeps (to test the volume lock).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use kvhoard_engine::{Durability, PutOptions, Store, StoreOptions};
+use kvhoard_tests::{block, crash_block_len};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("crash-writer: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let volume = PathBuf::from(args.get(1).ok_or("missing VOLUME")?);
+    let first: u64 = args.get(2).ok_or("missing FIRST_ID")?.parse()?;
+    let store = Store::open(&volume, StoreOptions::default())?;
+    let mut out = std::io::stdout().lock();
+    if args.get(3).map(String::as_str) == Some("hold") {
+        writeln!(out, "open")?;
+        out.flush()?;
+        std::thread::sleep(std::time::Duration::from_secs(600));
+        return Ok(());
+    }
+    let opts = PutOptions { durability: Durability::Synced, ..PutOptions::default() };
+    for id in first.. {
+        store.put("default", &format!("k{id}"), &block(id, crash_block_len(id)), &opts)?;
+        writeln!(out, "put {id}")?;
+        out.flush()?;
+        if id % 7 == 3 && id > first {
+            let victim = id - 1;
+            store.delete("default", &format!("k{victim}"), Durability::Synced)?;
+            writeln!(out, "del {victim}")?;
+            out.flush()?;
+        }
+    }
+    Ok(())
+}
