@@ -21,7 +21,7 @@ const LAYERS: u64 = 4;
 const TOKENS: u64 = 256;
 const HIDDEN: u64 = 512;
 const BLOCK_BYTES: u64 = 2 * LAYERS * TOKENS * HIDDEN * 2;
-const SHARED_PREFIXES: u64 = 8;
+const SHARED_PREFIXES: u64 = 4;
 
 pub fn run(dir: Option<&Path>, blocks: u32, seed: u64, json: bool) -> anyhow::Result<ExitCode> {
     ensure!(blocks > 0, "--blocks must be at least 1");

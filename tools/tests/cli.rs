@@ -1,0 +1,110 @@
+//! The `kvhoard` binary as a person and a script use it.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn kvhoard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvhoard")).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = kvhoard(args);
+    assert!(out.status.success(), "kvhoard {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn init_put_get_ls_stat_rm_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let vol = p(&vol);
+    assert!(ok(&["init", vol, "--capacity", "64MiB", "--segment-size", "4MiB"]).contains("created"));
+    let src = dir.path().join("block.bin");
+    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    std::fs::write(&src, &bytes).unwrap();
+    let key = "org/test-model@1@0@-1234abcd@bfloat16";
+    let hash = ok(&["put", vol, key, p(&src), "--ttl", "3600", "--group", "7"]);
+    assert_eq!(hash.trim(), blake3::hash(&bytes).to_hex().as_str());
+    let out = dir.path().join("out.bin");
+    ok(&["get", vol, key, "-o", p(&out), "--verify"]);
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    let stdout = kvhoard(&["get", vol, key]).stdout;
+    assert_eq!(stdout, bytes);
+    assert_eq!(ok(&["ls", vol]).trim(), key);
+    let stat: serde_json::Value = serde_json::from_str(&ok(&["stat", vol, "--json"])).unwrap();
+    assert_eq!(stat["keys"], 1);
+    assert_eq!(stat["logical_bytes"], 300_000);
+    assert!(ok(&["stat", vol]).contains("keys       1"));
+    ok(&["rm", vol, key]);
+    let miss = kvhoard(&["get", vol, key]);
+    assert_eq!(miss.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&miss.stderr).contains("not found"));
+    assert_eq!(kvhoard(&["rm", vol, key]).status.code(), Some(3));
+}
+
+#[test]
+fn put_reads_stdin_and_namespaces_are_separate() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let vol = p(&vol);
+    ok(&["init", vol, "--capacity", "32MiB", "--segment-size", "2MiB"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvhoard"))
+        .args(["put", vol, "k", "-", "--namespace", "tenant-a", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"hello").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["bytes"], 5);
+    assert_eq!(kvhoard(&["get", vol, "k"]).status.code(), Some(3));
+    assert_eq!(kvhoard(&["get", vol, "k", "-n", "tenant-a"]).stdout, b"hello");
+    let lines = ok(&["ls", vol, "-n", "tenant-a", "--json"]);
+    let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    assert_eq!(first["key"], "k");
+}
+
+#[test]
+fn errors_are_plain_words_with_a_way_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = kvhoard(&["stat", p(dir.path())]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a kvhoard volume") && err.contains("kvhoard init"), "{err}");
+    let out = kvhoard(&["init", p(&dir.path().join("v"))]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--capacity"));
+    let out = kvhoard(&["init", p(&dir.path().join("v")), "--capacity", "lots"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("64MiB"));
+    let out = kvhoard(&["init", p(&dir.path().join("v")), "--capacity", "4MiB"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn every_subcommand_has_complete_help() {
+    let top = ok(&["--help"]);
+    for sub in ["init", "put", "get", "stat", "ls", "rm", "demo"] {
+        assert!(top.contains(sub), "--help does not mention {sub}");
+        let help = ok(&[sub, "--help"]);
+        assert!(help.contains("Usage: kvhoard"), "{sub} --help: {help}");
+        assert!(help.len() > 200, "{sub} --help is too thin: {help}");
+    }
+    assert!(top.contains("Exit codes"));
+}
+
+#[test]
+fn demo_runs_and_reports_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ok(&["demo", p(&dir.path().join("demo")), "--blocks", "24", "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["blocks"], 24);
+    assert_eq!(j["keys_after_restart"], 24);
+    assert!(j["dedup_saved_bytes"].as_u64().unwrap() > 0);
+    assert!(j["put_mbps"].as_f64().unwrap() > 0.0);
+}
