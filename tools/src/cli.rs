@@ -130,6 +130,45 @@ pub enum Command {
         #[arg(long, default_value = "synced", value_parser = parse_durability, value_name = "LEVEL")]
         durability: Durability,
     },
+    /// Measure the engine on a fresh volume created in DIR (removed afterwards).
+    ///
+    /// throughput: puts --total bytes in --block-size blocks from --threads threads, then gets
+    /// them back with O_DIRECT (no page cache); reports MB/s (10^6 bytes per second), latency
+    /// percentiles in microseconds and CPU seconds per GB. restart: stores --blocks small blocks
+    /// and times opening the volume from its checkpoint and from its log alone, and reports the
+    /// index's memory per block. Compare with the disk's own limit measured by fio on the same
+    /// file system (see docs/benchmarks.md).
+    Bench {
+        /// Directory to create the benchmark volume in (must not hold a volume).
+        dir: PathBuf,
+        /// What to measure.
+        #[arg(long, value_enum, default_value = "throughput")]
+        workload: crate::commands::bench::Workload,
+        /// Size of each block.
+        #[arg(long, value_parser = parse_size, default_value = "2MiB", value_name = "SIZE")]
+        block_size: u64,
+        /// Bytes to put and get (throughput).
+        #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
+        total: u64,
+        /// Client threads.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        threads: usize,
+        /// Durability of the puts (see put).
+        #[arg(long, default_value = "written", value_parser = parse_durability, value_name = "LEVEL")]
+        durability: Durability,
+        /// Order of the gets.
+        #[arg(long, default_value = "seq", value_parser = ["seq", "random"], value_name = "PATTERN")]
+        read_pattern: String,
+        /// Number of blocks (restart).
+        #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+        blocks: u64,
+        /// Keep the volume afterwards.
+        #[arg(long)]
+        keep: bool,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show kvhoard at work: create a volume, store and reload realistic KV blocks, restart.
     ///
     /// Generates bf16 KV-cache chunks in LMCache's KV_2LTD layout from a seed (some chunks are

@@ -35,6 +35,21 @@ fn main() -> ExitCode {
             commands::ls::run(&volume, &ns.namespace, limit, after.as_deref(), long, json, opts)
         }
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
+        Command::Bench { dir, workload, block_size, total, threads, durability, read_pattern, blocks, keep, json } => {
+            let args = commands::bench::BenchArgs {
+                workload,
+                block_size,
+                total,
+                threads,
+                durability,
+                random_reads: read_pattern == "random",
+                blocks,
+                keep,
+                json,
+                direct_io: !cli.no_direct_io,
+            };
+            commands::bench::run(&dir, &args)
+        }
     };
     match result {
         Ok(code) => code,

@@ -89,7 +89,7 @@ fn errors_are_plain_words_with_a_way_forward() {
 #[test]
 fn every_subcommand_has_complete_help() {
     let top = ok(&["--help"]);
-    for sub in ["init", "put", "get", "stat", "ls", "rm", "demo"] {
+    for sub in ["init", "put", "get", "stat", "ls", "rm", "demo", "bench"] {
         assert!(top.contains(sub), "--help does not mention {sub}");
         let help = ok(&[sub, "--help"]);
         assert!(help.contains("Usage: kvhoard"), "{sub} --help: {help}");
@@ -107,4 +107,32 @@ fn demo_runs_and_reports_json() {
     assert_eq!(j["keys_after_restart"], 24);
     assert!(j["dedup_saved_bytes"].as_u64().unwrap() > 0);
     assert!(j["put_mbps"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bench_reports_the_fields_scripts_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ok(&[
+        "bench",
+        p(&dir.path().join("b")),
+        "--block-size",
+        "64KiB",
+        "--total",
+        "8MiB",
+        "--threads",
+        "2",
+        "--read-pattern",
+        "random",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for field in ["put_mbps", "get_mbps", "get_p50_us", "get_p99_us", "cpu_seconds_per_gb"] {
+        assert!(j[field].is_number(), "{field} missing in {j}");
+    }
+    assert_eq!(j["blocks"], 128);
+    assert!(!dir.path().join("b").exists(), "the benchmark volume was not removed");
+    let out = ok(&["bench", p(&dir.path().join("r")), "--workload", "restart", "--blocks", "3000", "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["blocks"], 3000);
+    assert_eq!(j["records_replayed"], 3000);
 }

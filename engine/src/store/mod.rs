@@ -240,7 +240,9 @@ impl Store {
         if let Some(reason) = &log.poisoned {
             return Err(StoreError::Poisoned { reason: reason.clone() });
         }
-        log = self.inner.seal_open(log)?;
+        if let Some(seq) = log.open.as_ref().map(|o| o.seq) {
+            log = self.inner.seal_open(log, seq)?;
+        }
         self.inner.checkpoint(&mut log)
     }
 
@@ -305,18 +307,24 @@ impl Inner {
         self.written.notify_all();
     }
 
-    /// Waits until no record of the open segment is in flight, then seals it.
-    fn seal_open<'a>(&'a self, mut log: MutexGuard<'a, LogState>) -> Result<MutexGuard<'a, LogState>> {
-        while log.open.as_ref().is_some_and(|o| !o.in_flight.is_empty()) && log.poisoned.is_none() {
+    /// Waits until no record of segment use `seq` is in flight, then seals it. If another
+    /// thread sealed it meanwhile, does nothing: the segment open now is not the full one.
+    fn seal_open<'a>(&'a self, mut log: MutexGuard<'a, LogState>, seq: u64) -> Result<MutexGuard<'a, LogState>> {
+        while log.open.as_ref().is_some_and(|o| o.seq == seq && !o.in_flight.is_empty()) && log.poisoned.is_none() {
             log = self.written.wait(log).unwrap_or_else(|e| e.into_inner());
         }
         self.writable_or_closing(&log)?;
+        if log.open.as_ref().is_none_or(|o| o.seq != seq) {
+            return Ok(log);
+        }
         let Some(open) = log.open.take() else { return Ok(log) };
-        write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records)
-            .inspect_err(|e| {
+        write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records).map_err(
+            |e| {
                 let reason = e.to_string();
                 self.poison(&mut log, reason);
-            })?;
+                e
+            },
+        )?;
         if let Some(s) = log.segments.get_mut(open.index as usize) {
             s.state = SegState::Sealed { end_unit: open.tail };
         }

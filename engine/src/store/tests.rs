@@ -316,3 +316,51 @@ fn device_capacity_is_reported() {
     assert_eq!(s.stats().segments, 4);
     assert!(dev.capacity_bytes() >= s.stats().capacity_bytes);
 }
+
+#[test]
+fn concurrent_writers_fill_segments_instead_of_sealing_each_others_new_ones() {
+    // 6 segments of 1 MiB hold 5 * 12 blocks of 80 KiB; 4 threads write 60 of them. If a
+    // thread sealed the segment another thread had just opened, the volume would run out of
+    // room and evict.
+    let dev = Arc::new(SlowDevice(MemDevice::new(SEG * 9)));
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Arc::new(Store::create_on(dev, &create, StoreOptions::default()).unwrap());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..15u64 {
+                    s.put("default", &format!("t{t}-{i}"), &block(t * 100 + i, 80_000), &PutOptions::default())
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let st = s.stats();
+    assert_eq!(st.evicted_keys, 0, "{st:?}");
+    assert_eq!(st.keys, 60);
+}
+
+/// A device whose writes take a while, so that concurrent writers overlap.
+#[derive(Debug)]
+struct SlowDevice(MemDevice);
+
+impl BlockDevice for SlowDevice {
+    fn capacity_bytes(&self) -> u64 {
+        self.0.capacity_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        self.0.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<(), crate::device::DeviceError> {
+        self.0.sync()
+    }
+    fn capabilities(&self) -> crate::device::Capabilities {
+        self.0.capabilities()
+    }
+}

@@ -227,8 +227,9 @@ impl Inner {
                 match &log.open {
                     Some(open) if open.fits(units, header_len, self.sb.segment_units()) => {}
                     Some(_) if !jobs.is_empty() => return Ok((jobs, done)),
-                    Some(_) => {
-                        log = self.seal_open(log)?;
+                    Some(open) => {
+                        let seq = open.seq;
+                        log = self.seal_open(log, seq)?;
                         continue;
                     }
                     None => {

@@ -1,0 +1,327 @@
+//! `kvhoard bench`: measures the engine on a fresh volume.
+//!
+//! - `throughput`: puts `--total` bytes in blocks of `--block-size` from `--threads` threads,
+//!   then gets them all back (sequentially or in random order), with O_DIRECT so the page cache
+//!   does not flatter the reads. Reports MB/s (10^6 bytes), latency percentiles and CPU seconds
+//!   per GB moved.
+//! - `restart`: stores `--blocks` small blocks, then times opening the volume from its
+//!   checkpoint and from its log alone, and reports the index's memory per block.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context};
+use indicatif::{ProgressBar, ProgressDrawTarget};
+use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
+use serde_json::json;
+
+use crate::size::human;
+
+/// The benchmark's settings, validated.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    pub workload: Workload,
+    pub block_size: u64,
+    pub total: u64,
+    pub threads: usize,
+    pub durability: Durability,
+    pub random_reads: bool,
+    pub blocks: u64,
+    pub keep: bool,
+    pub json: bool,
+    pub direct_io: bool,
+}
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// Put and get throughput and latency.
+    Throughput,
+    /// Open time and index memory with many blocks.
+    Restart,
+}
+
+pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    ensure!(
+        !dir.join(kvhoard_engine::volume::DATA_FILE).exists(),
+        "{} already holds a volume; bench needs a fresh directory",
+        dir.display()
+    );
+    let result = match args.workload {
+        Workload::Throughput => throughput(dir, args),
+        Workload::Restart => restart(dir, args),
+    };
+    if !args.keep {
+        let _ = std::fs::remove_file(dir.join(kvhoard_engine::volume::DATA_FILE));
+        let _ = std::fs::remove_file(dir.join(kvhoard_engine::checkpoint_io::CHECKPOINT_FILE));
+        let _ = std::fs::remove_dir(dir);
+    }
+    let report = result?;
+    if args.json {
+        println!("{report}");
+    } else {
+        print_human(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_human(report: &serde_json::Value) {
+    if let Some(obj) = report.as_object() {
+        let width = obj.keys().map(String::len).max().unwrap_or(0);
+        for (k, v) in obj {
+            println!("{k:<width$}  {v}");
+        }
+    }
+}
+
+fn bar(len: u64, show: bool) -> ProgressBar {
+    ProgressBar::with_draw_target(
+        Some(len),
+        if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() },
+    )
+}
+
+fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    ensure!(a.block_size > 0 && a.total >= a.block_size, "--total must hold at least one --block-size");
+    ensure!(a.threads > 0, "--threads must be at least 1");
+    let count = a.total / a.block_size;
+    let record = a.block_size.div_ceil(4096) * 4096 + 4096;
+    let segment = (record * 4).max(64 << 20).div_ceil(1 << 20) << 20;
+    let capacity = (count * record) * 11 / 10 + 4 * segment;
+    let opts = StoreOptions { direct_io: a.direct_io, ..StoreOptions::default() };
+    let store =
+        Store::create(dir, &CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: segment }, opts)
+            .with_context(|| format!("cannot create the benchmark volume in {}", dir.display()))?;
+    let show = !a.json && std::io::stderr().is_terminal();
+    let put_opts = PutOptions { durability: a.durability, ..PutOptions::default() };
+
+    let progress = bar(count * 2, show);
+    let cpu0 = cpu_seconds();
+    let (put_time, put_lat) = parallel(count, a.threads, |i, buf: &mut Vec<u8>| {
+        if buf.is_empty() {
+            *buf = noise(i, a.block_size as usize);
+        }
+        // Distinct bytes per block, so deduplication does not skip any write.
+        stamp(buf, i);
+        store.put("bench", &format!("block-{i}"), buf, &put_opts).map(|_| progress.inc(1))
+    })?;
+    if a.durability != Durability::Synced {
+        store.put("bench", "barrier", b"", &PutOptions { durability: Durability::Synced, ..PutOptions::default() })?;
+    }
+    let cpu1 = cpu_seconds();
+    let order = read_order(count, a.random_reads);
+    let hits = AtomicU64::new(0);
+    let (get_time, get_lat) = parallel(count, a.threads, |i, _: &mut Vec<u8>| {
+        let key = format!("block-{}", order.get(i as usize).copied().unwrap_or(i));
+        let block = store.get("bench", &key, ReadOptions::default())?;
+        if block.is_some_and(|b| b.len() as u64 == a.block_size) {
+            hits.fetch_add(1, Ordering::Relaxed);
+        }
+        progress.inc(1);
+        Ok(())
+    })?;
+    let cpu2 = cpu_seconds();
+    progress.finish_and_clear();
+    let stats = store.stats();
+    ensure!(
+        hits.load(Ordering::Relaxed) == count,
+        "only {} of {count} blocks read back ({} keys evicted, {} damaged blocks found)",
+        hits.load(Ordering::Relaxed),
+        stats.evicted_keys,
+        stats.read_errors
+    );
+    let bytes = (count * a.block_size) as f64;
+    let mbps = |d: Duration| bytes / d.as_secs_f64().max(1e-9) / 1e6;
+    let gb = bytes / 1e9;
+    Ok(json!({
+        "workload": "throughput",
+        "block_size": a.block_size,
+        "blocks": count,
+        "threads": a.threads,
+        "durability": format!("{:?}", a.durability).to_lowercase(),
+        "read_pattern": if a.random_reads { "random" } else { "seq" },
+        "device": stats.device_backend,
+        "direct_io": stats.direct_io,
+        "put_mbps": round1(mbps(put_time)),
+        "get_mbps": round1(mbps(get_time)),
+        "put_p50_us": percentile(&put_lat, 50.0),
+        "put_p99_us": percentile(&put_lat, 99.0),
+        "get_p50_us": percentile(&get_lat, 50.0),
+        "get_p99_us": percentile(&get_lat, 99.0),
+        "put_cpu_seconds_per_gb": round3((cpu1 - cpu0) / gb),
+        "get_cpu_seconds_per_gb": round3((cpu2 - cpu1) / gb),
+        "cpu_seconds_per_gb": round3((cpu2 - cpu0) / (2.0 * gb)),
+        "syncs": stats.syncs,
+    }))
+}
+
+fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    ensure!(a.blocks > 0, "--blocks must be at least 1");
+    let block_size = a.block_size.clamp(8, 1 << 20) as usize;
+    let record = (block_size as u64).div_ceil(4096) * 4096 + 4096;
+    let segment = 256u64 << 20;
+    let capacity = a.blocks * record * 11 / 10 + 4 * segment;
+    let opts = StoreOptions { direct_io: a.direct_io, ..StoreOptions::default() };
+    let store = Store::create(
+        dir,
+        &CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: segment },
+        opts.clone(),
+    )?;
+    let show = !a.json && std::io::stderr().is_terminal();
+    let progress = bar(a.blocks, show);
+    let put_opts = PutOptions { durability: Durability::Buffered, ..PutOptions::default() };
+    let started = Instant::now();
+    let batch = 256u64;
+    let mut buf = noise(7, block_size);
+    for first in (0..a.blocks).step_by(batch as usize) {
+        let ids: Vec<u64> = (first..(first + batch).min(a.blocks)).collect();
+        let keys: Vec<String> = ids.iter().map(|i| format!("model@1@0@{i:016x}@bfloat16")).collect();
+        let bodies: Vec<Vec<u8>> = ids
+            .iter()
+            .map(|i| {
+                stamp(&mut buf, *i);
+                buf.clone()
+            })
+            .collect();
+        let items: Vec<(&str, &[u8])> = keys.iter().map(String::as_str).zip(bodies.iter().map(Vec::as_slice)).collect();
+        store.put_batch("bench", &items, &put_opts)?;
+        progress.inc(ids.len() as u64);
+    }
+    let fill = started.elapsed();
+    progress.finish_and_clear();
+    let stats = store.stats();
+    ensure!(stats.keys == a.blocks, "stored {} of {} blocks (the volume evicted some)", stats.keys, a.blocks);
+    store.close()?;
+    drop(store);
+
+    let t = Instant::now();
+    let store = Store::open(dir, opts.clone())?;
+    let from_checkpoint = t.elapsed();
+    ensure!(store.stats().keys == a.blocks, "reopen from the checkpoint found {} keys", store.stats().keys);
+    drop(store);
+    std::fs::remove_file(dir.join(kvhoard_engine::checkpoint_io::CHECKPOINT_FILE))?;
+    let t = Instant::now();
+    let store = Store::open(dir, opts)?;
+    let from_log = t.elapsed();
+    let reopened = store.stats();
+    ensure!(reopened.keys == a.blocks, "reopen from the log found {} keys", reopened.keys);
+    Ok(json!({
+        "workload": "restart",
+        "blocks": a.blocks,
+        "block_size": block_size,
+        "fill_seconds": round3(fill.as_secs_f64()),
+        "open_from_checkpoint_ms": round1(from_checkpoint.as_secs_f64() * 1000.0),
+        "open_from_log_ms": round1(from_log.as_secs_f64() * 1000.0),
+        "records_replayed": reopened.recovery.records_replayed,
+        "segments_replayed": reopened.recovery.segments_replayed,
+        "index_memory_bytes": reopened.index_memory_bytes,
+        "index_bytes_per_block": round1(reopened.index_memory_bytes as f64 / a.blocks as f64),
+        "index_memory": human(reopened.index_memory_bytes),
+    }))
+}
+
+/// Runs `op(i, scratch)` for i in 0..count over `threads` threads (thread t takes i ≡ t mod
+/// threads); returns the wall time and every operation's latency in microseconds.
+fn parallel<F>(count: u64, threads: usize, op: F) -> anyhow::Result<(Duration, Vec<u32>)>
+where
+    F: Fn(u64, &mut Vec<u8>) -> Result<(), kvhoard_engine::StoreError> + Sync,
+{
+    let started = Instant::now();
+    let results: Vec<anyhow::Result<Vec<u32>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads as u64)
+            .map(|t| {
+                let op = &op;
+                s.spawn(move || {
+                    let mut scratch = Vec::new();
+                    let mut lat = Vec::with_capacity((count / threads as u64 + 1) as usize);
+                    for i in (t..count).step_by(threads) {
+                        let t0 = Instant::now();
+                        op(i, &mut scratch)?;
+                        lat.push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("benchmark thread panicked"))))
+            .collect()
+    });
+    let elapsed = started.elapsed();
+    let mut all = Vec::with_capacity(count as usize);
+    for r in results {
+        all.extend(r?);
+    }
+    all.sort_unstable();
+    Ok((elapsed, all))
+}
+
+fn read_order(count: u64, random: bool) -> Vec<u64> {
+    let mut order: Vec<u64> = (0..count).collect();
+    if random {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+    }
+    order
+}
+
+/// Makes a block's bytes unique by writing its number into its first bytes.
+fn stamp(buf: &mut [u8], i: u64) {
+    let n = buf.len().min(8);
+    if let (Some(dst), Some(src)) = (buf.get_mut(..n), i.to_le_bytes().get(..n)) {
+        dst.copy_from_slice(src);
+    }
+}
+
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted.get(i).copied().unwrap_or(0)
+}
+
+/// User plus system CPU time of this process.
+fn cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a complete rusage into the pointer it is given, which points to
+    // zeroed memory of the right size and alignment.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return 0.0;
+    }
+    // SAFETY: getrusage returned 0, so it initialised the struct (and it was zeroed before).
+    let u = unsafe { usage.assume_init() };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
