@@ -144,9 +144,9 @@ pub enum Command {
         /// What to measure.
         #[arg(long, value_enum, default_value = "throughput")]
         workload: crate::commands::bench::Workload,
-        /// Size of each block.
-        #[arg(long, value_parser = parse_size, default_value = "2MiB", value_name = "SIZE")]
-        block_size: u64,
+        /// Size of each block [default: 2MiB for throughput, 8 bytes for restart].
+        #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+        block_size: Option<u64>,
         /// Bytes to put and get (throughput).
         #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
         total: u64,

@@ -38,7 +38,10 @@ fn main() -> ExitCode {
         Command::Bench { dir, workload, block_size, total, threads, durability, read_pattern, blocks, keep, json } => {
             let args = commands::bench::BenchArgs {
                 workload,
-                block_size,
+                block_size: block_size.unwrap_or(match workload {
+                    commands::bench::Workload::Throughput => 2 << 20,
+                    commands::bench::Workload::Restart => 8,
+                }),
                 total,
                 threads,
                 durability,

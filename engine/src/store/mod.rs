@@ -318,13 +318,12 @@ impl Inner {
             return Ok(log);
         }
         let Some(open) = log.open.take() else { return Ok(log) };
-        write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records).map_err(
-            |e| {
-                let reason = e.to_string();
-                self.poison(&mut log, reason);
-                e
-            },
-        )?;
+        let sealed =
+            write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records);
+        if let Err(e) = sealed {
+            self.poison(&mut log, e.to_string());
+            return Err(e.into());
+        }
         if let Some(s) = log.segments.get_mut(open.index as usize) {
             s.state = SegState::Sealed { end_unit: open.tail };
         }
