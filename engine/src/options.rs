@@ -88,6 +88,8 @@ pub struct StoreOptions {
     pub write_queue_depth: usize,
     /// Source of the current time (TTLs, record timestamps).
     pub clock: crate::Clock,
+    /// Chooses the segment to empty when the volume is full.
+    pub reclaim_policy: std::sync::Arc<dyn crate::reclaim::ReclaimPolicy>,
 }
 
 impl Default for StoreOptions {
@@ -97,6 +99,7 @@ impl Default for StoreOptions {
             checkpoint_every_segments: 8,
             write_queue_depth: 64,
             clock: crate::Clock::system(),
+            reclaim_policy: std::sync::Arc::new(crate::reclaim::OldestFirst),
         }
     }
 }

@@ -32,7 +32,7 @@ use crate::index::{Index, Loc};
 use crate::log::seal::write_seal;
 use crate::log::{OpenSeg, Pos, SegInfo, SegState};
 use crate::options::{CreateOptions, StoreOptions};
-use crate::reclaim::{OldestFirst, ReclaimPolicy, SegmentView};
+use crate::reclaim::{OldestFirst, ReclaimPolicy as _, SegmentView};
 use crate::recovery::{recover, RecoveryReport};
 use crate::volume::{self, VolumePaths};
 use crate::{AlignedBuf, Clock};
@@ -55,7 +55,6 @@ struct Inner {
     checkpoints: CheckpointStore,
     opts: StoreOptions,
     clock: Clock,
-    policy: Box<dyn ReclaimPolicy>,
     log: Mutex<LogState>,
     /// Signalled when a reserved record has been written (or a write failed).
     written: Condvar,
@@ -183,7 +182,6 @@ impl Store {
             checkpoints,
             clock: opts.clock.clone(),
             opts,
-            policy: Box::new(OldestFirst),
             log: Mutex::new(LogState {
                 segments: recovered.segments,
                 open: None,
@@ -209,13 +207,6 @@ impl Store {
             store.inner.checkpoint(&mut log)?;
         }
         Ok(store)
-    }
-
-    /// Replaces the reclaim policy.
-    pub fn set_reclaim_policy(&mut self, policy: Box<dyn ReclaimPolicy>) {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.policy = policy;
-        }
     }
 
     /// What opening the volume found and did.
@@ -293,6 +284,10 @@ impl Inner {
         if log.closed {
             return Err(StoreError::Closed);
         }
+        Self::not_poisoned(log)
+    }
+
+    fn not_poisoned(log: &LogState) -> Result<()> {
         match &log.poisoned {
             Some(reason) => Err(StoreError::Poisoned { reason: reason.clone() }),
             None => Ok(()),
@@ -313,7 +308,7 @@ impl Inner {
         while log.open.as_ref().is_some_and(|o| o.seq == seq && !o.in_flight.is_empty()) && log.poisoned.is_none() {
             log = self.written.wait(log).unwrap_or_else(|e| e.into_inner());
         }
-        self.writable_or_closing(&log)?;
+        Self::not_poisoned(&log)?;
         if log.open.as_ref().is_none_or(|o| o.seq != seq) {
             return Ok(log);
         }
@@ -332,13 +327,6 @@ impl Inner {
             self.checkpoint(&mut log)?;
         }
         Ok(log)
-    }
-
-    fn writable_or_closing(&self, log: &LogState) -> Result<()> {
-        match &log.poisoned {
-            Some(reason) => Err(StoreError::Poisoned { reason: reason.clone() }),
-            None => Ok(()),
-        }
     }
 
     /// Starts a new segment use, reclaiming a segment first when none is free.
@@ -386,8 +374,12 @@ impl Inner {
         let oldest = OldestFirst
             .choose_victim(&sealed)
             .ok_or_else(|| StoreError::invalid("volume", "no sealed segment to reclaim"))?;
-        let victim =
-            self.policy.choose_victim(&sealed).filter(|v| sealed.iter().any(|s| s.index == *v)).unwrap_or(oldest);
+        let victim = self
+            .opts
+            .reclaim_policy
+            .choose_victim(&sealed)
+            .filter(|v| sealed.iter().any(|s| s.index == *v))
+            .unwrap_or(oldest);
         let dropped = self.index_write().drop_segment(victim);
         if let Some(s) = log.segments.get_mut(victim as usize) {
             *s = SegInfo::FREE;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Measures kvhoard against the disk it runs on, in one run: fio's O_DIRECT io_uring baseline
+# (../shared/tools/disk-baseline.sh, or DISK_BASELINE=path) before and after kvhoard's own
+# benchmark, for several block sizes and thread counts. Prints a Markdown table with ratios.
+#
+#   scripts/bench.sh [DIR] [TOTAL]      defaults: a directory under /var/tmp, 2GiB
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-/var/tmp/kvhoard-bench}
+total=${2:-2GiB}
+baseline=${DISK_BASELINE:-../shared/tools/disk-baseline.sh}
+mkdir -p "$dir"
+cargo build --release -q -p kvhoard-tools
+kv=target/release/kvhoard
+
+base() { bash "$baseline" "$dir" "$1" 2g 32; }
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+
+echo "| block | threads | put MB/s | get MB/s | disk write MB/s | disk read MB/s | put / disk | get / disk | get p50 µs | get p99 µs | CPU s/GB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for bs in 64KiB 2MiB 32MiB; do
+  fio_bs=$(echo "$bs" | sed 's/KiB/k/; s/MiB/m/')
+  b1=$(base "$fio_bs")
+  for threads in 1 4; do
+    r=$("$kv" bench "$dir/vol" --block-size "$bs" --total "$total" --threads "$threads" --json)
+    b2=$(base "$fio_bs")
+    w=$(python3 -c 'import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(round((a["write_mbps"]+b["write_mbps"])/2,1))' "$b1" "$b2")
+    rd=$(python3 -c 'import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(round((a["read_mbps"]+b["read_mbps"])/2,1))' "$b1" "$b2")
+    put=$(field "$r" put_mbps); get=$(field "$r" get_mbps)
+    printf '| %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %s | %s |\n' "$bs" "$threads" "$put" "$get" "$w" "$rd" \
+      "$(python3 -c "print($put/$w)")" "$(python3 -c "print($get/$rd)")" \
+      "$(field "$r" get_p50_us)" "$(field "$r" get_p99_us)" "$(field "$r" cpu_seconds_per_gb)"
+    b1=$b2
+  done
+done
