@@ -15,6 +15,20 @@ use crate::AlignedBuf;
 /// Name of the checkpoint file in a directory volume.
 pub const CHECKPOINT_FILE: &str = "checkpoint";
 
+/// Why no checkpoint could be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// There is none.
+    #[error("no checkpoint")]
+    Missing,
+    /// The only one belongs to another volume.
+    #[error("the checkpoint belongs to another volume")]
+    Foreign,
+    /// It does not decode.
+    #[error("the checkpoint is damaged: {0}")]
+    Damaged(String),
+}
+
 /// Where this volume's checkpoints live.
 #[derive(Debug, Clone)]
 pub enum CheckpointStore {
@@ -47,39 +61,68 @@ impl CheckpointStore {
     /// The newest checkpoint that decodes and belongs to `volume_id`. Damaged or foreign ones
     /// are logged and ignored: the log is the source of truth, a checkpoint only saves time.
     pub fn load(&self, dev: &dyn BlockDevice, volume_id: [u8; 16]) -> Option<Checkpoint> {
-        let candidates: Vec<(String, Vec<u8>)> = match self {
-            CheckpointStore::Files { dir } => {
-                let path = dir.join(CHECKPOINT_FILE);
-                match std::fs::read(&path) {
-                    Ok(bytes) => vec![(path.display().to_string(), bytes)],
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "cannot read checkpoint; replaying the log");
-                        vec![]
+        match self.load_verbose(dev, volume_id) {
+            Ok(cp) => Some(cp),
+            Err(LoadError::Missing) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "checkpoint unusable; replaying the log");
+                None
+            }
+        }
+    }
+
+    /// Like [`CheckpointStore::load`], saying why there is no usable checkpoint.
+    pub fn load_verbose(&self, dev: &dyn BlockDevice, volume_id: [u8; 16]) -> Result<Checkpoint, LoadError> {
+        let candidates: Vec<Vec<u8>> = match self {
+            CheckpointStore::Files { dir } => match std::fs::read(dir.join(CHECKPOINT_FILE)) {
+                Ok(bytes) => vec![bytes],
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+                Err(e) => return Err(LoadError::Damaged(format!("cannot read it: {e}"))),
+            },
+            CheckpointStore::Slots { offset, slot_bytes } => {
+                (0..2u64).filter_map(|i| read_slot(dev, offset + i * slot_bytes, *slot_bytes)).collect()
+            }
+            CheckpointStore::None => vec![],
+        };
+        let mut error = LoadError::Missing;
+        let mut best: Option<Checkpoint> = None;
+        for bytes in candidates {
+            match Checkpoint::decode(&bytes) {
+                Ok(cp) if cp.volume_id == volume_id => {
+                    if best.as_ref().is_none_or(|b| b.checkpoint_seq < cp.checkpoint_seq) {
+                        best = Some(cp);
+                    }
+                }
+                Ok(_) => error = LoadError::Foreign,
+                Err(e) => {
+                    if !matches!(error, LoadError::Foreign) {
+                        error = LoadError::Damaged(e.to_string());
                     }
                 }
             }
-            CheckpointStore::Slots { offset, slot_bytes } => (0..2u64)
-                .filter_map(|i| {
-                    read_slot(dev, offset + i * slot_bytes, *slot_bytes).map(|b| (format!("checkpoint slot {i}"), b))
-                })
-                .collect(),
-            CheckpointStore::None => vec![],
-        };
-        candidates
-            .into_iter()
-            .filter_map(|(place, bytes)| match Checkpoint::decode(&bytes) {
-                Ok(cp) if cp.volume_id == volume_id => Some(cp),
-                Ok(_) => {
-                    tracing::warn!(%place, "checkpoint belongs to another volume; ignoring it");
-                    None
+        }
+        best.ok_or(error)
+    }
+
+    /// Removes every checkpoint, so that the next open rebuilds the index from the log.
+    pub fn remove(&self, dev: &dyn BlockDevice) -> Result<()> {
+        match self {
+            CheckpointStore::Files { dir } => match std::fs::remove_file(dir.join(CHECKPOINT_FILE)) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(source) => {
+                    Err(StoreError::File { action: "cannot remove", path: dir.join(CHECKPOINT_FILE), source })
                 }
-                Err(e) => {
-                    tracing::warn!(%place, error = %e, "checkpoint is damaged; ignoring it");
-                    None
-                }
-            })
-            .max_by_key(|cp| cp.checkpoint_seq)
+            },
+            CheckpointStore::Slots { offset, slot_bytes } => {
+                let zero = AlignedBuf::zeroed(UNIT_BYTES as usize);
+                dev.write_at(&zero, *offset)?;
+                dev.write_at(&zero, offset + slot_bytes)?;
+                dev.sync()?;
+                Ok(())
+            }
+            CheckpointStore::None => Ok(()),
+        }
     }
 
     /// Writes `cp` so that a crash at any point leaves either it or the previous one readable.

@@ -14,6 +14,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod aligned;
+pub mod check;
 pub mod checkpoint_io;
 mod clock;
 pub mod device;

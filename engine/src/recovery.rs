@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::index::{content_fp, key_fp, ContentEntry, Index, Loc};
 use crate::log::scan::{read_segment, read_segment_header};
 use crate::log::seal::write_seal;
-use crate::log::{SegInfo, SegState};
+use crate::log::{OpenSeg, SegInfo, SegState};
 use crate::AlignedBuf;
 
 /// What opening the volume found and did.
@@ -43,6 +43,11 @@ pub struct Recovered {
     pub index: Index,
     /// Every segment's state.
     pub segments: Vec<SegInfo>,
+    /// The segment to keep appending to, if one was left open and can safely be continued.
+    pub open: Option<OpenSeg>,
+    /// The newest sealed segment, if it has room: the first write resumes it instead of starting
+    /// a new segment (a clean close seals the open segment).
+    pub resumable: Option<OpenSeg>,
     /// The seq the next segment use gets.
     pub next_seq: u64,
     /// The seq the next checkpoint gets.
@@ -103,17 +108,21 @@ pub fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointS
         Some(cp) => Index::from_checkpoint(cp, |i| covered(i).is_some()),
         None => Index::default(),
     };
+    let mut unsealed = Vec::new();
     let mut order: Vec<u32> =
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
     order.sort_by_key(|&i| segments.get(i as usize).map_or(0, |s| s.seq));
     for i in order {
         let seq = segments.get(i as usize).map_or(0, |s| s.seq);
         let from_unit = match covered(i) {
-            Some((true, end_unit)) => {
+            // Sealed when the checkpoint was written and still sealed at the same end. A segment
+            // resumed for appends after the checkpoint has lost its trailer, or has been sealed
+            // again further on: replay what follows the checkpoint's end.
+            Some((true, end_unit)) if sealed_end(dev, sb, i, seq)? == Some(end_unit) => {
                 set_sealed(&mut segments, i, end_unit);
                 continue;
             }
-            Some((false, end_unit)) => end_unit,
+            Some((_, end_unit)) => end_unit,
             None => 1,
         };
         let recs = read_segment(dev, sb, i, seq, 1)?;
@@ -122,22 +131,104 @@ pub fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointS
             apply(&mut index, i, e);
             report.records_replayed += 1;
         }
-        if !recs.sealed {
-            let why = recs.stop.clone().unwrap_or_else(|| "segment full".into());
-            tracing::warn!(segment = i, end_unit = recs.end_unit, reason = %why, "segment was not sealed; sealing it after its last valid record");
-            seal_recovered(dev, sb, i, seq, recs.end_unit, &recs.entries)?;
-            report.tails_cut.push((i, why));
-            wrote = true;
+        if recs.sealed {
+            set_sealed(&mut segments, i, recs.end_unit);
+        } else {
+            unsealed.push((i, seq, recs));
         }
+    }
+    // The newest unsealed segment is appended to again if nothing of its use lies past its
+    // valid end; every other one is sealed after its last valid record, so that nothing is ever
+    // appended in front of stale records of the same use.
+    let newest = unsealed.iter().map(|(_, seq, _)| *seq).max();
+    let mut open = None;
+    for (i, seq, recs) in unsealed {
+        // Every recovered record was reserved with room for its summary entry, so the summary
+        // still fits whatever is appended next.
+        let reusable = Some(seq) == newest && nothing_after(dev, sb, i, seq, recs.end_unit)?;
+        if reusable {
+            let mut seg = OpenSeg::new(i, seq);
+            seg.tail = recs.end_unit;
+            for e in &recs.entries {
+                summary::encode_entry(&mut seg.summary, e.unit, &e.header.encode());
+                seg.records += 1;
+            }
+            if let Some(s) = segments.get_mut(i as usize) {
+                s.state = SegState::Open;
+            }
+            open = Some(seg);
+            continue;
+        }
+        let why = recs.stop.clone().unwrap_or_else(|| "segment full".into());
+        tracing::warn!(segment = i, end_unit = recs.end_unit, reason = %why, "segment was not sealed; sealing it after its last valid record");
+        seal_recovered(dev, sb, i, seq, recs.end_unit, &recs.entries)?;
+        report.tails_cut.push((i, why));
+        wrote = true;
         set_sealed(&mut segments, i, recs.end_unit);
     }
     if wrote {
         dev.sync()?;
     }
+    let resumable = if open.is_none() { resumable(dev, sb, &segments)? } else { None };
     let next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1);
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     let next_checkpoint_seq = cp.as_ref().map_or(1, |c: &Checkpoint| c.checkpoint_seq + 1);
-    Ok(Recovered { index, segments, next_seq, next_checkpoint_seq, report })
+    Ok(Recovered { index, segments, open, resumable, next_seq, next_checkpoint_seq, report })
+}
+
+/// Where the records of a sealed segment end, per its trailer; `None` if it is not sealed.
+fn sealed_end(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64) -> Result<Option<u32>> {
+    Ok(crate::log::scan::read_summary(dev, sb, i, seq)?.ok().map(|(_, end_unit)| end_unit))
+}
+
+/// The newest sealed segment if at least an eighth of it is still free, with its records as the
+/// summary to extend.
+fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo]) -> Result<Option<OpenSeg>> {
+    let newest = segments
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s.state, SegState::Sealed { .. }))
+        .max_by_key(|(_, s)| s.seq);
+    let Some((i, info)) = newest else { return Ok(None) };
+    let i = i as u32;
+    let Ok((entries, end_unit)) = crate::log::scan::read_summary(dev, sb, i, info.seq)? else { return Ok(None) };
+    let mut seg = OpenSeg::new(i, info.seq);
+    seg.tail = end_unit;
+    for e in &entries {
+        summary::encode_entry(&mut seg.summary, e.unit, &e.header.encode());
+        seg.records += 1;
+    }
+    let used = u64::from(end_unit) + crate::log::units_for(seg.summary.len()) + 1;
+    Ok((used + u64::from(sb.segment_units()) / 8 <= u64::from(sb.segment_units())).then_some(seg))
+}
+
+/// Whether no unit from `end_unit` to the segment's end starts a record header of use `seq`
+/// (even a damaged one): only then may appends start at `end_unit`.
+fn nothing_after(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64, end_unit: u32) -> Result<bool> {
+    const CHUNK_UNITS: u32 = 256;
+    let base = sb.segment_offset(i);
+    let last = sb.segment_units() - 1;
+    let mut unit = end_unit;
+    while unit < last {
+        let n = CHUNK_UNITS.min(last - unit);
+        let mut buf = AlignedBuf::zeroed(n as usize * UNIT_BYTES as usize);
+        dev.read_at(&mut buf, base + u64::from(unit) * UNIT_BYTES)?;
+        for chunk in buf.chunks(UNIT_BYTES as usize) {
+            if record_of_use(chunk, seq) {
+                return Ok(false);
+            }
+        }
+        unit += n;
+    }
+    Ok(true)
+}
+
+/// Whether a unit starts with a record header that names segment use `seq`, judged by magic and
+/// the seq field alone: a header too damaged to decode still counts.
+fn record_of_use(unit: &[u8], seq: u64) -> bool {
+    let magic = unit.get(..4) == Some(&kvhoard_format::record::MAGIC[..]);
+    let field = unit.get(16..24).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    magic && field == Some(seq)
 }
 
 fn set_sealed(segments: &mut [SegInfo], i: u32, end_unit: u32) {

@@ -169,6 +169,31 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check a volume and, with --repair, repair it.
+    ///
+    /// Reads the volume through its on-disk format (so it works on a volume the engine refuses to
+    /// open): both superblock copies, every segment header and summary, every record header and
+    /// payload checksum, the checkpoint against the log, and which keys name damaged blocks.
+    /// --repair rewrites a damaged superblock copy, seals unsealed segments (keeping intact records
+    /// found after damage), rewrites damaged summaries, extends a truncated volume file, replaces an
+    /// unusable checkpoint, deletes (durably, and says which) keys whose blocks are damaged, and
+    /// checks again. Every undamaged block is kept.
+    ///
+    /// Exit codes (as e2fsck): 0 clean; 1 problems found and all corrected; 4 problems left
+    /// uncorrected (run with --repair); 8 operational error (not a volume, in use, I/O error).
+    Fsck {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// Repair what is found.
+        #[arg(long)]
+        repair: bool,
+        /// Also check the blake3 hash of every uncompressed block (reads and hashes everything).
+        #[arg(long)]
+        deep: bool,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show kvhoard at work: create a volume, store and reload realistic KV blocks, restart.
     ///
     /// Generates bf16 KV-cache chunks in LMCache's KV_2LTD layout from a seed (some chunks are

@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         Command::Ls { volume, ns, limit, after, long, json } => {
             commands::ls::run(&volume, &ns.namespace, limit, after.as_deref(), long, json, opts)
         }
+        Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
         Command::Bench { dir, workload, block_size, total, threads, durability, read_pattern, blocks, keep, json } => {
             let args = commands::bench::BenchArgs {

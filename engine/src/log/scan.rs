@@ -67,7 +67,7 @@ pub fn read_segment(
 /// The summary of a sealed segment; `Err(None)` when the segment is not sealed (no trailer of
 /// this use), `Err(Some(reason))` when the trailer or summary is damaged.
 #[allow(clippy::type_complexity)]
-fn read_summary(
+pub(crate) fn read_summary(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     index: u32,

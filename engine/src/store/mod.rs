@@ -70,6 +70,8 @@ struct Inner {
 struct LogState {
     segments: Vec<SegInfo>,
     open: Option<OpenSeg>,
+    /// A sealed segment with room that the first write after open resumes.
+    resumable: Option<OpenSeg>,
     next_seq: u64,
     next_checkpoint_seq: u64,
     seals_since_checkpoint: u32,
@@ -184,7 +186,8 @@ impl Store {
             opts,
             log: Mutex::new(LogState {
                 segments: recovered.segments,
-                open: None,
+                open: recovered.open,
+                resumable: recovered.resumable,
                 next_seq: recovered.next_seq,
                 next_checkpoint_seq: recovered.next_checkpoint_seq,
                 seals_since_checkpoint: 0,
@@ -220,7 +223,8 @@ impl Store {
     }
 
     /// Writes everything buffered, seals the open segment, syncs and writes a checkpoint. The
-    /// next open then reads the checkpoint and nothing else.
+    /// next open reads the checkpoint and nothing else; its first write resumes the segment
+    /// sealed here if it has room.
     pub fn close(&self) -> Result<()> {
         self.stop_writer();
         let mut log = self.inner.lock_log();
@@ -329,8 +333,18 @@ impl Inner {
         Ok(log)
     }
 
-    /// Starts a new segment use, reclaiming a segment first when none is free.
+    /// Starts appending to a segment: the one sealed by the last clean close if it has room,
+    /// else a new segment use, reclaiming a segment first when none is free.
     fn open_segment(&self, log: &mut LogState) -> Result<()> {
+        if let Some(seg) = log.resumable.take() {
+            let still = log
+                .segments
+                .get(seg.index as usize)
+                .is_some_and(|s| s.seq == seg.seq && matches!(s.state, SegState::Sealed { .. }));
+            if still {
+                return self.resume(log, seg);
+            }
+        }
         let free = log.segments.iter().position(|s| s.state == SegState::Free);
         let index = match free {
             Some(i) => i as u32,
@@ -350,6 +364,28 @@ impl Inner {
             *s = SegInfo { state: SegState::Open, seq, created_unix_ms: now };
         }
         log.open = Some(OpenSeg::new(index, seq));
+        Ok(())
+    }
+
+    /// Unseals `seg` for appends: erases its summary and trailer (so no copy of a header can be
+    /// taken for a record later, and recovery scans it), syncs, and makes it the open segment.
+    fn resume(&self, log: &mut LogState, seg: OpenSeg) -> Result<()> {
+        let base = self.sb.segment_offset(seg.index);
+        let summary = AlignedBuf::zeroed(seg.summary.len());
+        let trailer = AlignedBuf::zeroed(UNIT_BYTES as usize);
+        let erased = self
+            .dev
+            .write_at(&summary, base + u64::from(seg.tail) * UNIT_BYTES)
+            .and_then(|()| self.dev.write_at(&trailer, base + u64::from(self.sb.segment_units() - 1) * UNIT_BYTES))
+            .and_then(|()| self.dev.sync());
+        if let Err(e) = erased {
+            self.poison(log, e.to_string());
+            return Err(e.into());
+        }
+        if let Some(s) = log.segments.get_mut(seg.index as usize) {
+            s.state = SegState::Open;
+        }
+        log.open = Some(seg);
         Ok(())
     }
 

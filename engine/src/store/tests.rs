@@ -413,3 +413,43 @@ fn reclaiming_a_newer_segment_never_brings_back_an_older_version() {
     }
     std::mem::forget(s);
 }
+
+#[test]
+fn clean_restarts_resume_the_last_segment_instead_of_using_a_new_one() {
+    let (dev, s) = mem_store(4);
+    s.put("default", "k0", b"first", &synced()).unwrap();
+    s.close().unwrap();
+    drop(s);
+    for i in 1..40 {
+        let s = Store::open_on(dev.clone(), StoreOptions::default()).unwrap();
+        s.put("default", &format!("k{i}"), b"one small block per open", &synced()).unwrap();
+        s.close().unwrap();
+    }
+    let s = Store::open_on(dev.clone(), StoreOptions::default()).unwrap();
+    let st = s.stats();
+    assert_eq!((st.keys, st.evicted_keys), (40, 0));
+    assert_eq!(st.segments_free, st.segments - 1, "{st:?}");
+}
+
+#[test]
+fn records_appended_to_a_resumed_segment_survive_a_crash_after_it_is_sealed_again() {
+    let (dev, s) = mem_store(8);
+    s.put("default", "before", &block(1, 50_000), &synced()).unwrap();
+    s.close().unwrap();
+    drop(s);
+    // Resume the segment, fill it (sealing it again further on) and go on into the next one,
+    // with no checkpoint written in between.
+    let s = Store::open_on(dev.clone(), StoreOptions::default()).unwrap();
+    for i in 0..30u64 {
+        s.put("default", &format!("k{i}"), &block(100 + i, 50_000), &synced()).unwrap();
+    }
+    assert!(s.stats().segments_sealed >= 1);
+    for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
+        let (_d, s2) = reopen(&dev, mode);
+        assert_eq!(get(&s2, "before").unwrap(), block(1, 50_000));
+        for i in 0..30u64 {
+            assert_eq!(get(&s2, &format!("k{i}")).unwrap(), block(100 + i, 50_000), "k{i} lost after {mode:?}");
+        }
+    }
+    std::mem::forget(s);
+}

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod fsck;
 pub mod init;
 pub mod keys;
 pub mod ls;

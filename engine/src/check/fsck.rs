@@ -1,0 +1,133 @@
+//! `fsck`: check a volume, optionally repair it and check it again.
+
+use std::path::Path;
+
+use kvhoard_format::UNIT_BYTES;
+
+use super::repair::{repair_keys, repair_structures};
+use super::{check, exit, problem, scan_volume, Report, ScanOptions, Severity};
+use crate::checkpoint_io::CheckpointStore;
+use crate::device::{BlockDevice, FileDevice};
+use crate::error::{Result, StoreError};
+use crate::volume::{self, VolumePaths};
+use crate::StoreOptions;
+
+/// What fsck does.
+#[derive(Debug, Clone, Default)]
+pub struct FsckOptions {
+    /// Repair what is found.
+    pub repair: bool,
+    /// Also check blake3 of every uncompressed block.
+    pub deep: bool,
+    /// Options for opening the store during repair.
+    pub store: StoreOptions,
+}
+
+/// What fsck found and did.
+#[derive(Debug, Clone)]
+pub struct FsckOutcome {
+    /// What the first check found.
+    pub found: Report,
+    /// What repair did, in order.
+    pub repairs: Vec<String>,
+    /// What a second check found after repair.
+    pub after: Option<Report>,
+    /// 0 clean, 1 corrected, 4 left uncorrected (8, operational error, is the caller's).
+    pub exit_code: u8,
+}
+
+/// Checks (and with `repair`, repairs) the volume at `path`. Holds the volume's lock while it
+/// reads, so no store writes underneath it.
+pub fn fsck(path: &Path, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Result<FsckOutcome> {
+    let paths = VolumePaths::resolve(path);
+    let found = check_once(&paths, opts, progress)?;
+    if found.is_clean() || !opts.repair {
+        let exit_code = if found.is_clean() { exit::CLEAN } else { exit::UNCORRECTED };
+        return Ok(FsckOutcome { found, repairs: Vec::new(), after: None, exit_code });
+    }
+    let mut repairs = Vec::new();
+    {
+        let _lock = volume::lock(&paths)?;
+        if let Some(done) = extend_truncated(&paths)? {
+            repairs.push(done);
+        }
+        let dev = open_device(&paths, opts)?;
+        let scan = scan_volume(&dev, ScanOptions { deep: opts.deep }, &|_, _| {}).map_err(scan_error(path))?;
+        let checkpoints = CheckpointStore::for_volume(&scan.sb, paths.meta_dir.clone());
+        let report = check(&dev, &scan, &checkpoints);
+        repairs.extend(repair_structures(&dev, &scan, &report, &checkpoints)?);
+    }
+    repairs.extend(repair_keys(path, &found, opts.deep, opts.store.clone())?);
+    let after = check_once(&paths, opts, &|_, _| {})?;
+    let exit_code = if after.is_clean() { exit::CORRECTED } else { exit::UNCORRECTED };
+    Ok(FsckOutcome { found, repairs, after: Some(after), exit_code })
+}
+
+fn check_once(paths: &VolumePaths, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Result<Report> {
+    let _lock = volume::lock(paths)?;
+    let dev = open_device(paths, opts)?;
+    let scan = scan_volume(&dev, ScanOptions { deep: opts.deep }, progress).map_err(scan_error(&paths.data))?;
+    let checkpoints = CheckpointStore::for_volume(&scan.sb, paths.meta_dir.clone());
+    let mut report = check(&dev, &scan, &checkpoints);
+    if scan.sb.capacity_bytes > dev.capacity_bytes() {
+        report.problems.insert(
+            0,
+            problem(
+                Severity::Error,
+                "truncated",
+                None,
+                Some(dev.capacity_bytes()),
+                format!("the volume is {} bytes but the file holds {}", scan.sb.capacity_bytes, dev.capacity_bytes()),
+                "segments past the end are lost and the engine refuses to open the volume; repair extends the file",
+            ),
+        );
+    }
+    Ok(report)
+}
+
+fn open_device(paths: &VolumePaths, opts: &FsckOptions) -> Result<FileDevice> {
+    FileDevice::open(&paths.data, opts.store.direct_io).map_err(|source| StoreError::File {
+        action: "cannot open",
+        path: paths.data.clone(),
+        source,
+    })
+}
+
+fn scan_error(path: &Path) -> impl Fn(super::ScanError) -> StoreError + '_ {
+    move |e| match e {
+        super::ScanError::Device(d) => StoreError::Device(d),
+        e => StoreError::NotAVolume { path: path.to_path_buf(), reason: e.to_string() },
+    }
+}
+
+/// Grows a volume file that was cut short back to the size its superblock records.
+fn extend_truncated(paths: &VolumePaths) -> Result<Option<String>> {
+    if paths.meta_dir.is_none() {
+        return Ok(None);
+    }
+    let dev = FileDevice::open(&paths.data, false).map_err(|source| StoreError::File {
+        action: "cannot open",
+        path: paths.data.clone(),
+        source,
+    })?;
+    let Ok((sb, _)) = super::scan::read_superblocks(&dev) else { return Ok(None) };
+    let len = dev.capacity_bytes();
+    if sb.capacity_bytes <= len {
+        return Ok(None);
+    }
+    let file = std::fs::OpenOptions::new().write(true).open(&paths.data).map_err(|source| StoreError::File {
+        action: "cannot open",
+        path: paths.data.clone(),
+        source,
+    })?;
+    file.set_len(sb.capacity_bytes).and_then(|()| file.sync_all()).map_err(|source| StoreError::File {
+        action: "cannot extend",
+        path: paths.data.clone(),
+        source,
+    })?;
+    Ok(Some(format!(
+        "extended the volume file from {len} to {} bytes; what was cut off ({} units) reads as empty",
+        sb.capacity_bytes,
+        (sb.capacity_bytes - len) / UNIT_BYTES
+    )))
+}

@@ -1,0 +1,105 @@
+//! Repairing a volume after [`super::check`]: on-disk structures first (superblock copies,
+//! segment headers, summaries, a truncated file, checkpoints), then, through the engine itself,
+//! the keys whose blocks are damaged. Every action is reported; nothing is removed silently, and
+//! every intact block is kept.
+
+use std::path::Path;
+
+use kvhoard_format::summary;
+use kvhoard_format::superblock::COPY_OFFSETS;
+use kvhoard_format::UNIT_BYTES;
+
+use super::scan::{HeaderState, SummaryState, VolumeScan};
+use super::Report;
+use crate::checkpoint_io::CheckpointStore;
+use crate::device::BlockDevice;
+use crate::error::Result;
+use crate::log::seal::write_seal;
+use crate::{AlignedBuf, Durability, ReadOptions, Store, StoreOptions};
+
+/// Fixes what can be fixed without the engine. The caller holds the volume's lock.
+pub fn repair_structures(
+    dev: &dyn BlockDevice,
+    scan: &VolumeScan,
+    report: &Report,
+    checkpoints: &CheckpointStore,
+) -> Result<Vec<String>> {
+    let sb = &scan.sb;
+    let mut done = Vec::new();
+    for (copy, _) in &scan.superblock_damage {
+        let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+        unit.copy_from_slice(&sb.encode(*copy));
+        let offset = COPY_OFFSETS.get(*copy as usize).copied().unwrap_or(0);
+        dev.write_at(&unit, offset)?;
+        done.push(format!(
+            "rewrote superblock copy {} from copy {}",
+            if *copy == 0 { "A" } else { "B" },
+            if *copy == 0 { "B" } else { "A" }
+        ));
+    }
+    for seg in &scan.segments {
+        match (&seg.header, &seg.summary) {
+            (HeaderState::Damaged(why), _) => {
+                dev.write_at(&AlignedBuf::zeroed(UNIT_BYTES as usize), sb.segment_offset(seg.index))?;
+                done.push(format!("segment {}: header damaged ({why}); marked free, its blocks are lost", seg.index));
+            }
+            (HeaderState::InUse { seq, .. }, summary_state) => {
+                let salvaged = seg.records.iter().filter(|r| r.salvaged).count();
+                if *summary_state == SummaryState::Sealed && salvaged == 0 {
+                    continue;
+                }
+                let mut bytes = Vec::new();
+                for rec in &seg.records {
+                    summary::encode_entry(&mut bytes, rec.unit, &rec.header.encode());
+                }
+                let end = u64::from(seg.end_unit) * UNIT_BYTES + bytes.len() as u64;
+                if end > u64::from(sb.segment_units() - 1) * UNIT_BYTES {
+                    done.push(format!(
+                        "segment {}: its summary does not fit after unit {}; left unsealed",
+                        seg.index, seg.end_unit
+                    ));
+                    continue;
+                }
+                write_seal(dev, sb, seg.index, *seq, seg.end_unit, &bytes, seg.records.len() as u32)?;
+                let why = match summary_state {
+                    SummaryState::Damaged(_) => "rewrote its damaged summary",
+                    SummaryState::Unsealed => "sealed it after its last intact record",
+                    SummaryState::Sealed => "rewrote its summary",
+                };
+                done.push(format!(
+                    "segment {}: {why} ({} records{})",
+                    seg.index,
+                    seg.records.len(),
+                    if salvaged > 0 { format!(", {salvaged} of them found after damage") } else { String::new() }
+                ));
+            }
+            (HeaderState::Free, _) => {}
+        }
+    }
+    let checkpoint_bad =
+        report.problems.iter().any(|p| p.kind.starts_with("checkpoint_") && p.kind != "checkpoint_differs");
+    if checkpoint_bad {
+        checkpoints.remove(dev)?;
+        done.push("removed the unusable checkpoint; the index is rebuilt from the log".into());
+    }
+    dev.sync()?;
+    Ok(done)
+}
+
+/// Opens the volume with the engine (which replays and writes a fresh checkpoint) and deletes,
+/// durably, every key whose block is damaged and has no intact copy.
+pub fn repair_keys(path: &Path, report: &Report, deep: bool, opts: StoreOptions) -> Result<Vec<String>> {
+    let store = Store::open(path, opts)?;
+    let mut done = Vec::new();
+    for (ns, key) in &report.lost_keys {
+        if store.get(ns, key, ReadOptions { verify_hash: deep })?.is_some() {
+            continue;
+        }
+        if store.delete(ns, key, Durability::Synced)? {
+            done.push(format!("deleted key {key:?} in namespace {ns:?}: its block is damaged"));
+        }
+    }
+    store.close()?;
+    done.push("wrote a fresh checkpoint".into());
+    Ok(done)
+}
