@@ -369,6 +369,11 @@ impl Index {
         self.free_slots.push(slot);
     }
 
+    /// Stored blocks, for a scan that needs them all (inspect).
+    pub fn blocks(&self) -> impl Iterator<Item = &ContentEntry> {
+        self.content_table.iter().filter_map(|&s| self.contents.get(s as usize))
+    }
+
     /// Keys, for a scan that needs them all (checkpoint, fsck).
     pub fn keys(&self) -> impl Iterator<Item = &KeyEntry> {
         self.keys.iter()

@@ -79,14 +79,23 @@ pub fn lock(paths: &VolumePaths) -> Result<File> {
         },
         _ => StoreError::File { action: "cannot open", path: paths.data.clone(), source: e },
     })?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path: paths.data.clone() }),
-        Err(std::fs::TryLockError::Error(source)) => {
-            Err(StoreError::File { action: "cannot lock", path: paths.data.clone(), source })
+    // A process that forks (any multithreaded program spawning a child) shares the parent's
+    // open files, and so its locks, until the child execs: a lock can look taken for a moment
+    // after its owner released it. Retry briefly before calling it taken.
+    for _ in 0..LOCK_ATTEMPTS {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(LOCK_RETRY),
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(StoreError::File { action: "cannot lock", path: paths.data.clone(), source })
+            }
         }
     }
+    Err(StoreError::Locked { path: paths.data.clone() })
 }
+
+const LOCK_ATTEMPTS: u32 = 25;
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The geometry of a new volume on a device of `device_bytes`.
 pub fn plan(

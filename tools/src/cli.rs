@@ -14,7 +14,8 @@ use crate::size::parse_size;
 /// instead of recomputing them. A VOLUME is a directory (holding volume.kvh and its checkpoint)
 /// or a raw block device.
 ///
-/// Exit codes: 0 success; 1 error; 2 bad command line; 3 key not found (get, rm).
+/// Exit codes: 0 success; 1 error; 2 bad command line; 3 key not found (get, rm, inspect block
+/// and dump). fsck uses e2fsck's: see `kvhoard fsck --help`.
 #[derive(Debug, Parser)]
 #[command(name = "kvhoard", version, propagate_version = true, max_term_width = 100)]
 pub struct Cli {
@@ -194,6 +195,23 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show what a volume holds: usage, namespaces, codecs, segments, records, blocks.
+    ///
+    /// Reads the on-disk format directly (segment summaries and the checkpoint), so it works on a
+    /// volume the engine refuses to open. Takes no lock: on a volume in use, what it shows may
+    /// already have changed.
+    Inspect {
+        /// Directory or block device.
+        volume: PathBuf,
+        #[command(subcommand)]
+        what: Option<InspectWhat>,
+        /// Namespace for `block` and `dump`.
+        #[arg(short = 'n', long = "namespace", default_value = "default", value_name = "NS", global = true)]
+        namespace: String,
+        /// Print JSON (one object, or one line per segment or record).
+        #[arg(long, global = true)]
+        json: bool,
+    },
     /// Show kvhoard at work: create a volume, store and reload realistic KV blocks, restart.
     ///
     /// Generates bf16 KV-cache chunks in LMCache's KV_2LTD layout from a seed (some chunks are
@@ -211,6 +229,34 @@ pub enum Command {
         /// Print one JSON object instead of sentences.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// What `inspect` shows.
+#[derive(Debug, Subcommand, Clone)]
+pub enum InspectWhat {
+    /// Capacity, usage, keys, dedup savings, per namespace, codec and tier; segment live ratios;
+    /// TTL and age distributions (the default).
+    Summary,
+    /// One line per segment: state, seq, records, live ratio, age.
+    Segments,
+    /// The records of segment INDEX.
+    Segment {
+        /// Segment index.
+        index: u32,
+    },
+    /// Every header field of a block, its compression metadata, where it lives, its checksums.
+    Block {
+        /// A key, or a content hash as 64 hex digits.
+        key: String,
+    },
+    /// The stored bytes of a block, as a hex dump (or raw with --raw).
+    Dump {
+        /// A key, or a content hash as 64 hex digits.
+        key: String,
+        /// Write the bytes themselves instead of a hex dump.
+        #[arg(long)]
+        raw: bool,
     },
 }
 

@@ -10,10 +10,11 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
-/// Exit code when a key is not found.
+/// Exit code when a key is not found (fsck has its own, e2fsck's).
 pub const EXIT_NOT_FOUND: u8 = 3;
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     init_logging(&cli.log_level);
     let opts = kvhoard_engine::StoreOptions { direct_io: !cli.no_direct_io, ..Default::default() };
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
             commands::ls::run(&volume, &ns.namespace, limit, after.as_deref(), long, json, opts)
         }
         Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
+        Command::Inspect { volume, what, namespace, json } => commands::inspect::run(&volume, what, &namespace, json),
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
         Command::Bench { dir, workload, block_size, total, threads, durability, read_pattern, blocks, keep, json } => {
             let args = commands::bench::BenchArgs {
@@ -69,4 +71,14 @@ fn init_logging(level: &str) {
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+/// Rust ignores SIGPIPE, which turns `kvhoard ls | head` into a panic on the first write after
+/// `head` exits. A command-line tool should just stop, as every Unix tool does.
+fn restore_sigpipe() {
+    // SAFETY: called first thing in main, before any thread exists; setting a signal's
+    // disposition to SIG_DFL installs no handler code and cannot violate memory safety.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }

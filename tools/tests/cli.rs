@@ -89,7 +89,7 @@ fn errors_are_plain_words_with_a_way_forward() {
 #[test]
 fn every_subcommand_has_complete_help() {
     let top = ok(&["--help"]);
-    for sub in ["init", "put", "get", "stat", "ls", "rm", "demo", "bench"] {
+    for sub in ["init", "put", "get", "stat", "ls", "rm", "demo", "bench", "fsck", "inspect"] {
         assert!(top.contains(sub), "--help does not mention {sub}");
         let help = ok(&[sub, "--help"]);
         assert!(help.contains("Usage: kvhoard"), "{sub} --help: {help}");
@@ -135,4 +135,56 @@ fn bench_reports_the_fields_scripts_read() {
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["blocks"], 3000);
     assert_eq!(j["records_replayed"], 3000);
+}
+
+fn code(args: &[&str]) -> i32 {
+    kvhoard(args).status.code().unwrap()
+}
+
+#[test]
+fn inspect_json_agrees_with_the_engine_and_fsck_exit_codes_follow_e2fsck() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let vol = p(&vol);
+    ok(&["init", vol, "--capacity", "64MiB", "--segment-size", "4MiB"]);
+    let mut sources = Vec::new();
+    for i in 0..6u32 {
+        let path = dir.path().join(format!("b{i}"));
+        let bytes: Vec<u8> = (0..(30_000 + i * 5_000)).map(|j| (j * (i + 7) % 253) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        ok(&["put", vol, &format!("k{i}"), p(&path), "--ttl", "600"]);
+        sources.push(bytes);
+    }
+    ok(&["put", vol, "same-as-k2", p(&dir.path().join("b2"))]);
+    let stat: serde_json::Value = serde_json::from_str(&ok(&["stat", vol, "--json"])).unwrap();
+    let inspect: serde_json::Value = serde_json::from_str(&ok(&["inspect", vol, "--json"])).unwrap();
+    for field in ["keys", "blocks", "logical_bytes", "unique_bytes", "dedup_saved_bytes"] {
+        assert_eq!(inspect[field], stat[field], "{field}: inspect {} vs stat {}", inspect[field], stat[field]);
+    }
+    assert_eq!(inspect["ttl"]["< 1 hour"], 6);
+    let segments = ok(&["inspect", vol, "segments", "--json"]);
+    assert_eq!(segments.lines().count() as u64, stat["segments"].as_u64().unwrap());
+    let block: serde_json::Value = serde_json::from_str(&ok(&["inspect", vol, "block", "k2", "--json"])).unwrap();
+    assert_eq!(block["keys_naming_it"], 2);
+    assert_eq!(block["payload_intact"], true);
+    assert_eq!(block["content_hash"], blake3::hash(&sources[2]).to_hex().as_str());
+    let by_hash = kvhoard(&["inspect", vol, "dump", block["content_hash"].as_str().unwrap(), "--raw"]).stdout;
+    assert_eq!(by_hash, sources[2]);
+    assert_eq!(code(&["inspect", vol, "block", "nope"]), 3);
+
+    assert_eq!(code(&["fsck", vol]), 0);
+    let offset = block["offset"].as_u64().unwrap() + 4096 + 10;
+    let data = dir.path().join("vol/volume.kvh");
+    let mut image = std::fs::read(&data).unwrap();
+    image[offset as usize] ^= 0xff;
+    std::fs::write(&data, image).unwrap();
+    let found: serde_json::Value =
+        serde_json::from_str(&String::from_utf8(kvhoard(&["fsck", vol, "--json"]).stdout).unwrap()).unwrap();
+    assert_eq!(found["exit_code"], 4);
+    assert_eq!(found["found"]["lost_keys"].as_array().unwrap().len(), 2);
+    assert_eq!(code(&["fsck", vol, "--repair"]), 1);
+    assert_eq!(code(&["fsck", vol]), 0);
+    assert_eq!(kvhoard(&["get", vol, "k4"]).stdout, sources[4]);
+    assert_eq!(code(&["get", vol, "k2"]), 3);
+    assert_eq!(code(&["fsck", p(dir.path())]), 8);
 }

@@ -52,7 +52,8 @@ pub fn fsck(path: &Path, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Res
             repairs.push(done);
         }
         let dev = open_device(&paths, opts)?;
-        let scan = scan_volume(&dev, ScanOptions { deep: opts.deep }, &|_, _| {}).map_err(scan_error(path))?;
+        let scan = scan_volume(&dev, ScanOptions { deep: opts.deep, summaries_only: false }, &|_, _| {})
+            .map_err(scan_error(path))?;
         let checkpoints = CheckpointStore::for_volume(&scan.sb, paths.meta_dir.clone());
         let report = check(&dev, &scan, &checkpoints);
         repairs.extend(repair_structures(&dev, &scan, &report, &checkpoints)?);
@@ -66,7 +67,8 @@ pub fn fsck(path: &Path, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Res
 fn check_once(paths: &VolumePaths, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     let _lock = volume::lock(paths)?;
     let dev = open_device(paths, opts)?;
-    let scan = scan_volume(&dev, ScanOptions { deep: opts.deep }, progress).map_err(scan_error(&paths.data))?;
+    let scan = scan_volume(&dev, ScanOptions { deep: opts.deep, summaries_only: false }, progress)
+        .map_err(scan_error(&paths.data))?;
     let checkpoints = CheckpointStore::for_volume(&scan.sb, paths.meta_dir.clone());
     let mut report = check(&dev, &scan, &checkpoints);
     if scan.sb.capacity_bytes > dev.capacity_bytes() {

@@ -7,6 +7,7 @@
 //! damage is and what it means for the data. [`repair`] fixes what can be fixed.
 
 pub mod fsck;
+pub mod inspect;
 pub mod repair;
 pub mod scan;
 

@@ -100,9 +100,9 @@ impl Store {
             return Err(StoreError::AlreadyExists { path: paths.data });
         }
         Self::format_device(&dev, create, paths.meta_dir.is_none(), &opts.clock)?;
-        drop(dev);
-        drop(lock);
-        Self::open(path, opts)
+        let sb = Self::read_superblock(&dev, path)?;
+        let checkpoints = CheckpointStore::for_volume(&sb, paths.meta_dir.clone());
+        Self::start(Arc::new(dev), sb, checkpoints, opts, Some(lock))
     }
 
     /// Opens the volume at `path` (a directory or a block device), taking its exclusive lock

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod fsck;
 pub mod init;
+pub mod inspect;
 pub mod keys;
 pub mod ls;
 pub mod stat;
