@@ -317,11 +317,15 @@ impl Inner {
             return Ok(log);
         }
         let Some(open) = log.open.take() else { return Ok(log) };
-        let sealed =
-            write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records);
+        // The summary must not become durable before the records it lists: after a power loss,
+        // recovery trusts a summary without reading payloads.
+        let sealed = self.dev.sync().map_err(StoreError::from).and_then(|()| {
+            write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records)
+                .map_err(StoreError::from)
+        });
         if let Err(e) = sealed {
             self.poison(&mut log, e.to_string());
-            return Err(e.into());
+            return Err(e);
         }
         if let Some(s) = log.segments.get_mut(open.index as usize) {
             s.state = SegState::Sealed { end_unit: open.tail };
