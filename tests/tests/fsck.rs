@@ -287,3 +287,18 @@ fn a_volume_that_is_not_a_volume_is_an_operational_error() {
     std::fs::write(dir.path().join("volume.kvh"), vec![1u8; 1 << 20]).unwrap();
     assert!(fsck(dir.path(), &FsckOptions::default(), &|_, _| {}).is_err());
 }
+
+#[test]
+fn a_checkpoint_that_points_at_nothing_is_found_and_the_index_rebuilt_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume(dir.path());
+    // A checkpoint that is well-formed (its crc is recomputed) but points a block one unit off,
+    // where no record starts.
+    let bytes = std::fs::read(vol.join("checkpoint")).unwrap();
+    let mut cp = kvhoard_engine::format::checkpoint::Checkpoint::decode(&bytes).unwrap();
+    cp.contents[0].unit += 1;
+    std::fs::write(vol.join("checkpoint"), cp.encode()).unwrap();
+    let outcome = run(&vol, false);
+    assert!(found(&outcome, "checkpoint_dangling"), "{:#?}", outcome.found.problems);
+    repair_and_verify(&vol, &[]);
+}

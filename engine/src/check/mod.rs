@@ -422,6 +422,34 @@ fn reachability(scan: &VolumeScan, index: &Index, r: &mut Report) {
             }
         }
     }
+    let on_disk: HashSet<Loc> = scan
+        .segments
+        .iter()
+        .flat_map(|s| s.records.iter().map(move |rec| Loc { segment: s.index, unit: rec.unit }))
+        .collect();
+    let mut dangling = 0u64;
+    for k in index.keys() {
+        let block = index.content(k.content).map(|c| c.record);
+        for loc in [Some(k.record), block].into_iter().flatten() {
+            if !on_disk.contains(&loc) {
+                dangling += 1;
+                if dangling <= 20 {
+                    let (ns, key) = names.get(&k.fp).cloned().unzip();
+                    let mut p = problem(
+                        Severity::Error,
+                        "checkpoint_dangling",
+                        Some(loc.segment),
+                        Some(record_offset(scan, loc.segment, loc.unit)),
+                        "the checkpoint points this key at a record that is not there".into(),
+                        "reads of the key would fail; repair rebuilds the index from the log",
+                    );
+                    p.namespace = ns;
+                    p.key = key;
+                    r.problems.push(p);
+                }
+            }
+        }
+    }
     r.lost_keys.sort();
     r.lost_keys.dedup();
     if !r.lost_keys.is_empty() {
