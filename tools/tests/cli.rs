@@ -84,6 +84,8 @@ fn errors_are_plain_words_with_a_way_forward() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("64MiB"));
     let out = kvhoard(&["init", p(&dir.path().join("v")), "--capacity", "4MiB"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2"), "{}", String::from_utf8_lossy(&out.stderr));
+    // The failed init left nothing behind: a corrected one succeeds.
+    ok(&["init", p(&dir.path().join("v")), "--capacity", "16MiB", "--segment-size", "2MiB"]);
 }
 
 #[test]

@@ -84,20 +84,30 @@ impl Store {
     /// raw block device. Fails if a volume is already there.
     pub fn create(path: &Path, create: &CreateOptions, opts: StoreOptions) -> Result<Store> {
         let paths = VolumePaths::resolve(path);
-        if paths.meta_dir.is_some() {
-            let capacity = create
-                .capacity_bytes
-                .ok_or_else(|| StoreError::invalid("capacity", "a directory volume needs a capacity (--capacity)"))?;
-            volume::create_data_file(&paths, capacity)?;
+        if paths.meta_dir.is_none() {
+            return Self::create_in(path, &paths, create, opts);
         }
-        let lock = volume::lock(&paths)?;
+        let capacity = create
+            .capacity_bytes
+            .ok_or_else(|| StoreError::invalid("capacity", "a directory volume needs a capacity (--capacity)"))?;
+        volume::create_data_file(&paths, capacity)?;
+        let created = Self::create_in(path, &paths, create, opts);
+        if created.is_err() {
+            // Leave nothing half-made behind: a later `init` would refuse to overwrite it.
+            let _ = std::fs::remove_file(&paths.data);
+        }
+        created
+    }
+
+    fn create_in(path: &Path, paths: &VolumePaths, create: &CreateOptions, opts: StoreOptions) -> Result<Store> {
+        let lock = volume::lock(paths)?;
         let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File {
             action: "cannot open",
             path: paths.data.clone(),
             source,
         })?;
         if paths.meta_dir.is_none() && volume::has_superblock(&dev) {
-            return Err(StoreError::AlreadyExists { path: paths.data });
+            return Err(StoreError::AlreadyExists { path: paths.data.clone() });
         }
         Self::format_device(&dev, create, paths.meta_dir.is_none(), &opts.clock)?;
         let sb = Self::read_superblock(&dev, path)?;
