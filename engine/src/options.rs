@@ -77,11 +77,39 @@ impl Default for CreateOptions {
     }
 }
 
+/// Which I/O backend a store uses for its volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoBackend {
+    /// io_uring when the kernel offers it, else pread/pwrite.
+    #[default]
+    Auto,
+    /// io_uring, or fail.
+    IoUring,
+    /// pread/pwrite.
+    Pread,
+}
+
+impl std::str::FromStr for IoBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(IoBackend::Auto),
+            "io_uring" | "io-uring" | "uring" => Ok(IoBackend::IoUring),
+            "pread" => Ok(IoBackend::Pread),
+            _ => Err(format!("unknown I/O backend {s:?}: use auto, io_uring or pread")),
+        }
+    }
+}
+
 /// Tuning of an open store.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Try O_DIRECT (falls back to buffered I/O where the file system refuses it).
     pub direct_io: bool,
+    /// I/O backend for the volume.
+    pub io_backend: IoBackend,
+    /// Rings, queue depth and chunk size of the io_uring backend.
+    pub uring: crate::device::UringConfig,
     /// Write a checkpoint after this many segments were sealed (and at close).
     pub checkpoint_every_segments: u32,
     /// Buffered writes queued for the background writer before `put` waits.
@@ -96,6 +124,8 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             direct_io: true,
+            io_backend: IoBackend::Auto,
+            uring: crate::device::UringConfig::default(),
             checkpoint_every_segments: 8,
             write_queue_depth: 64,
             clock: crate::Clock::system(),

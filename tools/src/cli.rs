@@ -27,6 +27,10 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub no_direct_io: bool,
 
+    /// I/O backend: auto (io_uring when the kernel offers it, else pread), io_uring, pread.
+    #[arg(long, global = true, default_value = "auto", value_parser = parse_backend, value_name = "BACKEND")]
+    pub io_backend: kvhoard_engine::IoBackend,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -266,6 +270,10 @@ pub struct NamespaceArg {
     /// Namespace (tenant or model) of the key.
     #[arg(short = 'n', long = "namespace", default_value = "default", value_name = "NS")]
     pub namespace: String,
+}
+
+fn parse_backend(s: &str) -> Result<kvhoard_engine::IoBackend, String> {
+    s.parse()
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {

@@ -17,7 +17,8 @@ fn main() -> ExitCode {
     restore_sigpipe();
     let cli = Cli::parse();
     init_logging(&cli.log_level);
-    let opts = kvhoard_engine::StoreOptions { direct_io: !cli.no_direct_io, ..Default::default() };
+    let opts =
+        kvhoard_engine::StoreOptions { direct_io: !cli.no_direct_io, io_backend: cli.io_backend, ..Default::default() };
     let result = match cli.command {
         Command::Init { volume, capacity, segment_size, json } => {
             commands::init::run(&volume, capacity, segment_size, json, opts)
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
                 keep,
                 json,
                 direct_io: !cli.no_direct_io,
+                io_backend: cli.io_backend,
             };
             commands::bench::run(&dir, &args)
         }

@@ -52,11 +52,11 @@ pub fn fsck(path: &Path, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Res
             repairs.push(done);
         }
         let dev = open_device(&paths, opts)?;
-        let scan = scan_volume(&dev, ScanOptions { deep: opts.deep, summaries_only: false }, &|_, _| {})
+        let scan = scan_volume(dev.as_ref(), ScanOptions { deep: opts.deep, summaries_only: false }, &|_, _| {})
             .map_err(scan_error(path))?;
         let checkpoints = CheckpointStore::for_volume(&scan.sb, paths.meta_dir.clone());
-        let report = check(&dev, &scan, &checkpoints);
-        repairs.extend(repair_structures(&dev, &scan, &report, &checkpoints)?);
+        let report = check(dev.as_ref(), &scan, &checkpoints);
+        repairs.extend(repair_structures(dev.as_ref(), &scan, &report, &checkpoints)?);
     }
     repairs.extend(repair_keys(path, &found, opts.deep, opts.store.clone())?);
     let after = check_once(&paths, opts, &|_, _| {})?;
@@ -67,10 +67,10 @@ pub fn fsck(path: &Path, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Res
 fn check_once(paths: &VolumePaths, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     let _lock = volume::lock(paths)?;
     let dev = open_device(paths, opts)?;
-    let scan = scan_volume(&dev, ScanOptions { deep: opts.deep, summaries_only: false }, progress)
+    let scan = scan_volume(dev.as_ref(), ScanOptions { deep: opts.deep, summaries_only: false }, progress)
         .map_err(scan_error(&paths.data))?;
     let checkpoints = CheckpointStore::for_volume(&scan.sb, paths.meta_dir.clone());
-    let mut report = check(&dev, &scan, &checkpoints);
+    let mut report = check(dev.as_ref(), &scan, &checkpoints);
     if scan.sb.capacity_bytes > dev.capacity_bytes() {
         report.problems.insert(
             0,
@@ -87,8 +87,8 @@ fn check_once(paths: &VolumePaths, opts: &FsckOptions, progress: &dyn Fn(u64, u6
     Ok(report)
 }
 
-fn open_device(paths: &VolumePaths, opts: &FsckOptions) -> Result<FileDevice> {
-    FileDevice::open(&paths.data, opts.store.direct_io).map_err(|source| StoreError::File {
+fn open_device(paths: &VolumePaths, opts: &FsckOptions) -> Result<std::sync::Arc<dyn BlockDevice>> {
+    crate::device::open_volume(&paths.data, &opts.store).map_err(|source| StoreError::File {
         action: "cannot open",
         path: paths.data.clone(),
         source,

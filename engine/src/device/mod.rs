@@ -7,9 +7,11 @@
 
 mod file;
 mod memory;
+mod uring;
 
 pub use file::FileDevice;
 pub use memory::{CrashMode, FaultKind, MemDevice};
+pub use uring::{UringConfig, UringDevice};
 
 use thiserror::Error;
 
@@ -83,6 +85,26 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn sync(&self) -> Result<(), DeviceError>;
     /// What the device can do.
     fn capabilities(&self) -> Capabilities;
+}
+
+/// Opens a volume's data file or device with the backend `opts` asks for.
+pub fn open_volume(
+    path: &std::path::Path,
+    opts: &crate::StoreOptions,
+) -> std::io::Result<std::sync::Arc<dyn BlockDevice>> {
+    use crate::options::IoBackend;
+    match opts.io_backend {
+        IoBackend::Pread => Ok(std::sync::Arc::new(FileDevice::open(path, opts.direct_io)?)),
+        IoBackend::IoUring => Ok(std::sync::Arc::new(UringDevice::open(path, opts.direct_io, opts.uring)?)),
+        IoBackend::Auto => match UringDevice::open(path, opts.direct_io, opts.uring) {
+            Ok(dev) => Ok(std::sync::Arc::new(dev)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "io_uring is not available; using pread/pwrite");
+                Ok(std::sync::Arc::new(FileDevice::open(path, opts.direct_io)?))
+            }
+        },
+    }
 }
 
 /// Checks a request against the device contract.

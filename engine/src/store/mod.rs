@@ -26,7 +26,7 @@ use kvhoard_format::superblock::Superblock;
 use kvhoard_format::UNIT_BYTES;
 
 use crate::checkpoint_io::CheckpointStore;
-use crate::device::{BlockDevice, FileDevice};
+use crate::device::{open_volume, BlockDevice};
 use crate::error::{Result, StoreError};
 use crate::index::{Index, Loc};
 use crate::log::seal::write_seal;
@@ -101,18 +101,18 @@ impl Store {
 
     fn create_in(path: &Path, paths: &VolumePaths, create: &CreateOptions, opts: StoreOptions) -> Result<Store> {
         let lock = volume::lock(paths)?;
-        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File {
+        let dev = open_volume(&paths.data, &opts).map_err(|source| StoreError::File {
             action: "cannot open",
             path: paths.data.clone(),
             source,
         })?;
-        if paths.meta_dir.is_none() && volume::has_superblock(&dev) {
+        if paths.meta_dir.is_none() && volume::has_superblock(dev.as_ref()) {
             return Err(StoreError::AlreadyExists { path: paths.data.clone() });
         }
-        Self::format_device(&dev, create, paths.meta_dir.is_none(), &opts.clock)?;
-        let sb = Self::read_superblock(&dev, path)?;
+        Self::format_device(dev.as_ref(), create, paths.meta_dir.is_none(), &opts.clock)?;
+        let sb = Self::read_superblock(dev.as_ref(), path)?;
         let checkpoints = CheckpointStore::for_volume(&sb, paths.meta_dir.clone());
-        Self::start(Arc::new(dev), sb, checkpoints, opts, Some(lock))
+        Self::start(dev, sb, checkpoints, opts, Some(lock))
     }
 
     /// Opens the volume at `path` (a directory or a block device), taking its exclusive lock
@@ -120,14 +120,14 @@ impl Store {
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store> {
         let paths = VolumePaths::resolve(path);
         let lock = volume::lock(&paths)?;
-        let dev = FileDevice::open(&paths.data, opts.direct_io).map_err(|source| StoreError::File {
+        let dev = open_volume(&paths.data, &opts).map_err(|source| StoreError::File {
             action: "cannot open",
             path: paths.data.clone(),
             source,
         })?;
-        let sb = Self::read_superblock(&dev, path)?;
+        let sb = Self::read_superblock(dev.as_ref(), path)?;
         let checkpoints = CheckpointStore::for_volume(&sb, paths.meta_dir.clone());
-        Self::start(Arc::new(dev), sb, checkpoints, opts, Some(lock))
+        Self::start(dev, sb, checkpoints, opts, Some(lock))
     }
 
     /// Creates a volume on `dev` (checkpoints in slots on the device). For tests and embedding.
