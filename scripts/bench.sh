@@ -4,6 +4,7 @@
 # benchmark, for several block sizes and thread counts. Prints a Markdown table with ratios.
 #
 #   scripts/bench.sh [DIR] [TOTAL]      defaults: a directory under /var/tmp, 2GiB
+#   BACKEND=io_uring|pread              the engine's I/O backend (default io_uring)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-/var/tmp/kvhoard-bench}
@@ -16,13 +17,15 @@ kv=target/release/kvhoard
 base() { bash "$baseline" "$dir" "$1" 2g 32; }
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 
+echo "backend: ${BACKEND:-io_uring}"
+echo
 echo "| block | threads | put MB/s | get MB/s | disk write MB/s | disk read MB/s | put / disk | get / disk | get p50 µs | get p99 µs | CPU s/GB |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for bs in 64KiB 2MiB 32MiB; do
   fio_bs=$(echo "$bs" | sed 's/KiB/k/; s/MiB/m/')
   b1=$(base "$fio_bs")
   for threads in 1 4; do
-    r=$("$kv" bench "$dir/vol" --block-size "$bs" --total "$total" --threads "$threads" --json)
+    r=$("$kv" bench "$dir/vol" --block-size "$bs" --total "$total" --threads "$threads" --io-backend "${BACKEND:-io_uring}" --json)
     b2=$(base "$fio_bs")
     w=$(python3 -c 'import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(round((a["write_mbps"]+b["write_mbps"])/2,1))' "$b1" "$b2")
     rd=$(python3 -c 'import json,sys; a,b=json.loads(sys.argv[1]),json.loads(sys.argv[2]); print(round((a["read_mbps"]+b["read_mbps"])/2,1))' "$b1" "$b2")
