@@ -22,6 +22,7 @@ mod error;
 pub mod index;
 pub mod log;
 mod options;
+pub mod pool;
 pub mod reclaim;
 pub mod recovery;
 mod store;

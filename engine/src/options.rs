@@ -110,6 +110,8 @@ pub struct StoreOptions {
     pub io_backend: IoBackend,
     /// Rings, queue depth and chunk size of the io_uring backend.
     pub uring: crate::device::UringConfig,
+    /// Bytes of unused record buffers kept for reuse (the pool never holds more).
+    pub buffer_pool_bytes: usize,
     /// Write a checkpoint after this many segments were sealed (and at close).
     pub checkpoint_every_segments: u32,
     /// Buffered writes queued for the background writer before `put` waits.
@@ -126,6 +128,7 @@ impl Default for StoreOptions {
             direct_io: true,
             io_backend: IoBackend::Auto,
             uring: crate::device::UringConfig::default(),
+            buffer_pool_bytes: 256 << 20,
             checkpoint_every_segments: 8,
             write_queue_depth: 64,
             clock: crate::Clock::system(),

@@ -167,6 +167,9 @@ pub enum Command {
         /// Number of blocks (restart).
         #[arg(long, default_value_t = 1_000_000, value_name = "N")]
         blocks: u64,
+        /// Bytes of unused record buffers the engine keeps for reuse (0 disables the pool).
+        #[arg(long, value_parser = parse_size, default_value = "256MiB", value_name = "SIZE")]
+        buffer_pool: u64,
         /// Keep the volume afterwards.
         #[arg(long)]
         keep: bool,

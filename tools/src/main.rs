@@ -39,7 +39,19 @@ fn main() -> ExitCode {
         Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
         Command::Inspect { volume, what, namespace, json } => commands::inspect::run(&volume, what, &namespace, json),
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
-        Command::Bench { dir, workload, block_size, total, threads, durability, read_pattern, blocks, keep, json } => {
+        Command::Bench {
+            dir,
+            workload,
+            block_size,
+            total,
+            threads,
+            durability,
+            read_pattern,
+            blocks,
+            buffer_pool,
+            keep,
+            json,
+        } => {
             let args = commands::bench::BenchArgs {
                 workload,
                 block_size: block_size.unwrap_or(match workload {
@@ -55,6 +67,7 @@ fn main() -> ExitCode {
                 json,
                 direct_io: !cli.no_direct_io,
                 io_backend: cli.io_backend,
+                buffer_pool_bytes: buffer_pool as usize,
             };
             commands::bench::run(&dir, &args)
         }

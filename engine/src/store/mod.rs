@@ -32,6 +32,7 @@ use crate::index::{Index, Loc};
 use crate::log::seal::write_seal;
 use crate::log::{OpenSeg, Pos, SegInfo, SegState};
 use crate::options::{CreateOptions, StoreOptions};
+use crate::pool::{BufferPool, PooledBuf};
 use crate::reclaim::{OldestFirst, ReclaimPolicy as _, SegmentView};
 use crate::recovery::{recover, RecoveryReport};
 use crate::volume::{self, VolumePaths};
@@ -59,7 +60,9 @@ struct Inner {
     /// Signalled when a reserved record has been written (or a write failed).
     written: Condvar,
     index: RwLock<Index>,
-    pending: Mutex<HashMap<Loc, Arc<AlignedBuf>>>,
+    pending: Mutex<HashMap<Loc, Arc<PooledBuf>>>,
+    /// Record buffers for puts and gets, reused without zeroing.
+    pool: Arc<BufferPool>,
     sync: GroupCommit,
     metrics: Metrics,
     recovery: RecoveryReport,
@@ -188,6 +191,7 @@ impl Store {
             "volume opened"
         );
         let queue_depth = opts.write_queue_depth.max(1);
+        let pool = BufferPool::new(64, opts.buffer_pool_bytes);
         let inner = Arc::new(Inner {
             dev,
             sb,
@@ -207,6 +211,7 @@ impl Store {
             written: Condvar::new(),
             index: RwLock::new(recovered.index),
             pending: Mutex::new(HashMap::new()),
+            pool,
             sync: GroupCommit::default(),
             metrics: Metrics::default(),
             recovery: recovered.report,
@@ -290,7 +295,7 @@ impl Inner {
         self.index.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_pending(&self) -> MutexGuard<'_, HashMap<Loc, Arc<AlignedBuf>>> {
+    fn lock_pending(&self) -> MutexGuard<'_, HashMap<Loc, Arc<PooledBuf>>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -13,7 +13,7 @@ use crate::index::{content_fp, is_expired, key_fp, ContentEntry, Loc};
 use crate::log::scan::{check_payload, read_segment};
 use crate::log::{Pos, SegState};
 use crate::options::ReadOptions;
-use crate::AlignedBuf;
+use crate::pool::PooledBuf;
 
 use super::{Inner, Store};
 
@@ -43,8 +43,8 @@ pub struct BlockMeta {
 }
 
 enum Bytes {
-    Owned(AlignedBuf),
-    Shared(Arc<AlignedBuf>),
+    Owned(PooledBuf),
+    Shared(Arc<PooledBuf>),
 }
 
 /// A block read from the store: its stored bytes (deref to `[u8]`) and its description. The
@@ -272,7 +272,7 @@ impl Inner {
         let bytes = match pending {
             Some(buf) => Bytes::Shared(buf),
             None => {
-                let mut buf = AlignedBuf::zeroed(entry.units as usize * UNIT_BYTES as usize);
+                let mut buf = self.pool.get(entry.units as usize * UNIT_BYTES as usize);
                 let offset = self.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
                 self.dev.read_at(&mut buf, offset)?;
                 Bytes::Owned(buf)

@@ -475,3 +475,27 @@ fn a_summary_never_outlives_the_records_it_lists() {
     }
     std::mem::forget(s);
 }
+
+#[test]
+fn reused_buffers_never_write_stale_bytes_into_record_padding() {
+    let (dev, s) = mem_store(8);
+    // Fill the pool with buffers full of non-zero bytes, then store a small block whose record
+    // reuses one of them.
+    for i in 0..4u64 {
+        let big = vec![0xAB; 200_000];
+        s.put("default", &format!("big{i}"), &big, &synced()).unwrap();
+        drop(s.get("default", &format!("big{i}"), ReadOptions::default()).unwrap());
+    }
+    s.put("default", "small", &[7u8; 100], &synced()).unwrap();
+    let meta = s.get("default", "small", ReadOptions::default()).unwrap().unwrap().meta;
+    let start = (s.superblock().segment_offset(meta.location.segment) + u64::from(meta.location.unit) * 4096) as usize;
+    let image = dev.image();
+    let header = kvhoard_format::record::RecordHeader::decode(&image[start..]).unwrap();
+    let payload = start + header.payload_offset() as usize;
+    assert!(image[start + header.encoded_len()..payload].iter().all(|&b| b == 0), "header padding holds stale bytes");
+    assert_eq!(&image[payload..payload + 100], &[7u8; 100][..]);
+    assert!(
+        image[payload + 100..start + header.record_bytes() as usize].iter().all(|&b| b == 0),
+        "payload padding holds stale bytes"
+    );
+}

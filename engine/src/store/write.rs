@@ -11,15 +11,15 @@ use crate::error::{Result, StoreError};
 use crate::index::{content_fp, key_fp, ContentEntry, ContentFp, KeyFp, Loc};
 use crate::log::{fits_empty, Pos};
 use crate::options::{Durability, PutOptions};
+use crate::pool::{BufferPool, PooledBuf};
 use crate::recovery::expiry;
-use crate::AlignedBuf;
 
 use super::{Inner, Store};
 
 /// A reserved record on its way to the device.
 #[derive(Debug)]
 pub(super) struct WriteJob {
-    buf: Arc<AlignedBuf>,
+    buf: Arc<PooledBuf>,
     loc: Loc,
     seq: u64,
     key: KeyFp,
@@ -36,7 +36,7 @@ struct Prepared<'a> {
     header: RecordHeader,
     payload: &'a [u8],
     /// The record buffer with the payload already in place (built outside the log lock).
-    buf: Option<AlignedBuf>,
+    buf: Option<PooledBuf>,
     key: KeyFp,
     content: ContentFp,
 }
@@ -206,7 +206,7 @@ impl Inner {
             let max_bytes = (u64::from(self.sb.segment_units()) - 3) * UNIT_BYTES - header.payload_offset();
             return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
         }
-        let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&header, bytes));
+        let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, bytes));
         Ok(Prepared { header, payload: bytes, buf, key: key_fp(namespace, key), content })
     }
 
@@ -243,7 +243,7 @@ impl Inner {
                     item.header.kind = RecordKind::Block;
                     item.header.stored_len = item.payload.len() as u64;
                     item.header.payload_crc = crc32c::crc32c(item.payload);
-                    item.buf = Some(record_buffer(&item.header, item.payload));
+                    item.buf = Some(record_buffer(&self.pool, &item.header, item.payload));
                     continue;
                 }
                 break;
@@ -253,7 +253,7 @@ impl Inner {
             item.header.segment_seq = open.seq;
             let encoded = item.header.encode();
             let (loc, seq) = (Loc { segment: open.index, unit: open.tail }, open.seq);
-            let mut buf = item.buf.take().unwrap_or_else(|| record_buffer(&item.header, &[]));
+            let mut buf = item.buf.take().unwrap_or_else(|| record_buffer(&self.pool, &item.header, &[]));
             if let Some(dst) = buf.get_mut(..encoded.len()) {
                 dst.copy_from_slice(&encoded);
             }
@@ -342,13 +342,22 @@ impl Inner {
 
 /// The record as written, header bytes still to be filled in: header space, padding to a unit,
 /// payload, padding to a unit.
-fn record_buffer(header: &RecordHeader, payload: &[u8]) -> AlignedBuf {
-    let mut buf = AlignedBuf::zeroed(header.record_bytes() as usize);
-    if header.kind == RecordKind::Block {
-        let start = header.payload_offset() as usize;
-        if let Some(dst) = buf.get_mut(start..start + payload.len()) {
-            dst.copy_from_slice(payload);
-        }
+///
+/// The buffer comes from the pool with stale contents: everything but the header bytes is
+/// written here (the padding as zeros), and the header bytes are written at reservation.
+fn record_buffer(pool: &Arc<BufferPool>, header: &RecordHeader, payload: &[u8]) -> PooledBuf {
+    let mut buf = pool.get(header.record_bytes() as usize);
+    let start = header.payload_offset() as usize;
+    let payload = if header.kind == RecordKind::Block { payload } else { &[] };
+    let end = start + payload.len();
+    if let Some(head) = buf.get_mut(..start) {
+        head.fill(0);
+    }
+    if let Some(dst) = buf.get_mut(start..end) {
+        dst.copy_from_slice(payload);
+    }
+    if let Some(tail) = buf.get_mut(end..) {
+        tail.fill(0);
     }
     buf
 }

@@ -34,6 +34,7 @@ pub struct BenchArgs {
     pub json: bool,
     pub direct_io: bool,
     pub io_backend: kvhoard_engine::IoBackend,
+    pub buffer_pool_bytes: usize,
 }
 
 /// What to measure.
@@ -92,7 +93,12 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let record = a.block_size.div_ceil(4096) * 4096 + 4096;
     let segment = (record * 4).max(64 << 20).div_ceil(1 << 20) << 20;
     let capacity = (count * record) * 11 / 10 + 4 * segment;
-    let opts = StoreOptions { direct_io: a.direct_io, io_backend: a.io_backend, ..StoreOptions::default() };
+    let opts = StoreOptions {
+        direct_io: a.direct_io,
+        io_backend: a.io_backend,
+        buffer_pool_bytes: a.buffer_pool_bytes,
+        ..StoreOptions::default()
+    };
     let store =
         Store::create(dir, &CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: segment }, opts)
             .with_context(|| format!("cannot create the benchmark volume in {}", dir.display()))?;
@@ -165,7 +171,12 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let record = (block_size as u64).div_ceil(4096) * 4096 + 4096;
     let segment = 256u64 << 20;
     let capacity = a.blocks * record * 11 / 10 + 4 * segment;
-    let opts = StoreOptions { direct_io: a.direct_io, io_backend: a.io_backend, ..StoreOptions::default() };
+    let opts = StoreOptions {
+        direct_io: a.direct_io,
+        io_backend: a.io_backend,
+        buffer_pool_bytes: a.buffer_pool_bytes,
+        ..StoreOptions::default()
+    };
     let store = Store::create(
         dir,
         &CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: segment },

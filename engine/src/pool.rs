@@ -1,0 +1,124 @@
+//! A bounded pool of aligned buffers, reused without zeroing.
+//!
+//! Allocating a fresh aligned buffer for every record costs a memset of the whole buffer and a
+//! page fault per 4 KiB; for 2 MiB blocks that was a third of the engine's CPU time. Buffers
+//! return to the pool when their last user drops them and are handed out again as they are:
+//! whoever takes one overwrites what it uses (a read fills it exactly, a record writer fills the
+//! header, payload and padding explicitly), so stale bytes are never returned or written.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex};
+
+use crate::AlignedBuf;
+
+/// The pool. Holds at most `max_buffers` buffers and `max_bytes` bytes while they are unused.
+#[derive(Debug)]
+pub struct BufferPool {
+    free: Mutex<Vec<AlignedBuf>>,
+    max_buffers: usize,
+    max_bytes: usize,
+}
+
+impl BufferPool {
+    /// A pool keeping at most `max_buffers` unused buffers of at most `max_bytes` in total.
+    pub fn new(max_buffers: usize, max_bytes: usize) -> Arc<BufferPool> {
+        Arc::new(BufferPool { free: Mutex::new(Vec::new()), max_buffers, max_bytes })
+    }
+
+    /// A buffer of at least `len` bytes (whole units), exposing exactly `len` bytes. Its contents
+    /// are unspecified: the caller overwrites what it uses.
+    pub fn get(self: &Arc<Self>, len: usize) -> PooledBuf {
+        let reused = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            // Best fit no more than twice the size, so large buffers are not wasted on small blocks.
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.len() >= len && b.len() <= len.saturating_mul(2).max(4096))
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        let buf = reused.unwrap_or_else(|| AlignedBuf::zeroed(len));
+        PooledBuf { buf: Some(buf), len, pool: Arc::clone(self) }
+    }
+
+    fn put_back(&self, buf: AlignedBuf) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let held: usize = free.iter().map(|b| b.len()).sum();
+        if free.len() < self.max_buffers && held + buf.len() <= self.max_bytes {
+            free.push(buf);
+        }
+    }
+
+    /// Bytes held by unused buffers.
+    pub fn held_bytes(&self) -> usize {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|b| b.len()).sum()
+    }
+}
+
+/// A buffer from a [`BufferPool`]; returns to it when dropped.
+pub struct PooledBuf {
+    buf: Option<AlignedBuf>,
+    len: usize,
+    pool: Arc<BufferPool>,
+}
+
+impl Deref for PooledBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_deref().and_then(|b| b.get(..self.len)).unwrap_or_default()
+    }
+}
+
+impl DerefMut for PooledBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        self.buf.as_deref_mut().and_then(|b| b.get_mut(..len)).unwrap_or_default()
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.pool.put_back(buf);
+        }
+    }
+}
+
+impl std::fmt::Debug for PooledBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PooledBuf({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_best_fit_and_bounded() {
+        let pool = BufferPool::new(2, 16 << 20);
+        let a = pool.get(2 << 20);
+        let ptr = a.as_ptr();
+        assert_eq!(a.len(), 2 << 20);
+        assert_eq!(ptr as usize % 4096, 0);
+        drop(a);
+        let b = pool.get((2 << 20) - 100);
+        assert_eq!(b.as_ptr(), ptr, "the freed buffer is reused");
+        assert_eq!(b.len(), (2 << 20) - 100);
+        let small = pool.get(4096);
+        assert_ne!(small.as_ptr(), ptr);
+        drop((b, small));
+        // A 2 MiB buffer is not handed out for a 4 KiB request (more than twice the size).
+        let tiny = pool.get(4096);
+        assert_ne!(tiny.as_ptr(), ptr);
+        drop(tiny);
+        let c = pool.get(8 << 20);
+        let d = pool.get(8 << 20);
+        let e = pool.get(8 << 20);
+        drop((c, d, e));
+        assert!(pool.held_bytes() <= 16 << 20);
+    }
+}
