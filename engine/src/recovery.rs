@@ -198,8 +198,15 @@ fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo]) -> Re
         summary::encode_entry(&mut seg.summary, e.unit, &e.header.encode());
         seg.records += 1;
     }
-    let used = u64::from(end_unit) + crate::log::units_for(seg.summary.len()) + 1;
-    Ok((used + u64::from(sb.segment_units()) / 8 <= u64::from(sb.segment_units())).then_some(seg))
+    let summary_end = u64::from(end_unit) + crate::log::units_for(seg.summary.len());
+    if summary_end + 1 + u64::from(sb.segment_units()) / 8 > u64::from(sb.segment_units()) {
+        return Ok(None);
+    }
+    // Resuming erases the summary and appends after the last record; that is only safe if no
+    // record of this use lies past the summary (recovery may have sealed this segment at a cut
+    // with intact records of its use beyond it), or a later scan could run into one.
+    let after_summary = u32::try_from(summary_end).unwrap_or(u32::MAX);
+    Ok(nothing_after(dev, sb, i, info.seq, after_summary)?.then_some(seg))
 }
 
 /// Whether no unit from `end_unit` to the segment's end starts a record header of use `seq`

@@ -63,6 +63,8 @@ struct Inner {
     pending: Mutex<HashMap<Loc, Arc<PooledBuf>>>,
     /// Record buffers for puts and gets, reused without zeroing.
     pool: Arc<BufferPool>,
+    /// Seq of the newest checkpoint written; serializes checkpoint writes.
+    checkpoint_saved: Mutex<u64>,
     sync: GroupCommit,
     metrics: Metrics,
     recovery: RecoveryReport,
@@ -75,6 +77,8 @@ struct LogState {
     open: Option<OpenSeg>,
     /// A sealed segment with room that the first write after open resumes.
     resumable: Option<OpenSeg>,
+    /// A checkpoint snapshot taken at a seal, to be written outside the lock.
+    pending_checkpoint: Option<Checkpoint>,
     next_seq: u64,
     next_checkpoint_seq: u64,
     seals_since_checkpoint: u32,
@@ -202,6 +206,7 @@ impl Store {
                 segments: recovered.segments,
                 open: recovered.open,
                 resumable: recovered.resumable,
+                pending_checkpoint: None,
                 next_seq: recovered.next_seq,
                 next_checkpoint_seq: recovered.next_checkpoint_seq,
                 seals_since_checkpoint: 0,
@@ -212,6 +217,7 @@ impl Store {
             index: RwLock::new(recovered.index),
             pending: Mutex::new(HashMap::new()),
             pool,
+            checkpoint_saved: Mutex::new(0),
             sync: GroupCommit::default(),
             metrics: Metrics::default(),
             recovery: recovered.report,
@@ -347,7 +353,10 @@ impl Inner {
         }
         log.seals_since_checkpoint += 1;
         if log.seals_since_checkpoint >= self.opts.checkpoint_every_segments {
-            self.checkpoint(&mut log)?;
+            // Everything up to here was synced before the summary: snapshot now, write the
+            // checkpoint after the log lock is released so writers are not held up by it.
+            let cp = self.snapshot(&mut log);
+            log.pending_checkpoint = Some(cp);
         }
         Ok(log)
     }
@@ -455,11 +464,18 @@ impl Inner {
 
     /// Syncs the device and writes a checkpoint of the index. Called with no record in flight.
     fn checkpoint(&self, log: &mut LogState) -> Result<()> {
-        debug_assert!(log.open.as_ref().is_none_or(|o| o.in_flight.is_empty()));
         if let Err(e) = self.dev.sync() {
             self.poison(log, e.to_string());
             return Err(e.into());
         }
+        let cp = self.snapshot(log);
+        self.save_checkpoint(&cp)
+    }
+
+    /// The index as a checkpoint. Called with no record in flight and every record durable, so
+    /// that the snapshot describes exactly a durable prefix of the log.
+    fn snapshot(&self, log: &mut LogState) -> Checkpoint {
+        debug_assert!(log.open.as_ref().is_none_or(|o| o.in_flight.is_empty()));
         let segments = log
             .segments
             .iter()
@@ -473,26 +489,44 @@ impl Inner {
                 }
             })
             .collect();
-        let cp = {
-            let index = self.index_read();
-            let (contents, keys) = index.to_checkpoint();
-            Checkpoint {
-                volume_id: self.sb.volume_id,
-                checkpoint_seq: log.next_checkpoint_seq,
-                created_unix_ms: self.clock.now_unix_ms(),
-                next_segment_seq: log.next_seq,
-                segments,
-                namespaces: index.namespaces().to_vec(),
-                contents,
-                keys,
-            }
+        let index = self.index_read();
+        let (contents, keys) = index.to_checkpoint();
+        let cp = Checkpoint {
+            volume_id: self.sb.volume_id,
+            checkpoint_seq: log.next_checkpoint_seq,
+            created_unix_ms: self.clock.now_unix_ms(),
+            next_segment_seq: log.next_seq,
+            segments,
+            namespaces: index.namespaces().to_vec(),
+            contents,
+            keys,
         };
-        if self.checkpoints.save(self.dev.as_ref(), &cp)? {
-            log.next_checkpoint_seq += 1;
-            log.seals_since_checkpoint = 0;
+        log.next_checkpoint_seq += 1;
+        log.seals_since_checkpoint = 0;
+        cp
+    }
+
+    /// Writes a checkpoint unless a newer one was written already (snapshots taken under the log
+    /// lock are written after it is released, possibly out of order).
+    fn save_checkpoint(&self, cp: &Checkpoint) -> Result<()> {
+        let mut last = self.checkpoint_saved.lock().unwrap_or_else(|e| e.into_inner());
+        if cp.checkpoint_seq <= *last {
+            return Ok(());
+        }
+        if self.checkpoints.save(self.dev.as_ref(), cp)? {
+            *last = cp.checkpoint_seq;
             self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Writes the checkpoint a seal left behind, if any, with no lock of the log held.
+    fn save_pending_checkpoint(&self) -> Result<()> {
+        let pending = self.lock_log().pending_checkpoint.take();
+        match pending {
+            Some(cp) => self.save_checkpoint(&cp),
+            None => Ok(()),
+        }
     }
 
     /// The position through which every reserved record has been written.
