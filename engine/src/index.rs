@@ -189,9 +189,9 @@ impl Index {
         (key_bytes + table_bytes + slab_bytes + self.free_slots.capacity() * 4) as u64
     }
 
-    /// Applies a block record: the block is stored at `record`, and `key` now names it.
-    /// If the same bytes were already stored, the newer record becomes their location.
-    /// (`block.refs` is ignored.)
+    /// Applies a block record: `block` (its `refs` ignored) is stored at `block.record`, and
+    /// `key` now names it. If the same bytes were already stored, the newer record becomes their
+    /// location.
     pub fn apply_block(&mut self, key: KeyFp, block: ContentEntry, expires_unix_s: u32) {
         let slot = match self.content_slot(&block.fp) {
             Some(slot) => {

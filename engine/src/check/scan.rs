@@ -196,7 +196,8 @@ fn scan_segment(
             h.seq
         }
         Ok(h) if h.volume_id == sb.volume_id => {
-            seg.header = HeaderState::Damaged(format!("header names segment {} ", h.segment_index));
+            seg.header =
+                HeaderState::Damaged(format!("the header names segment {} instead of {index}", h.segment_index));
             return Ok((seg, UNIT_BYTES));
         }
         Ok(_) | Err(FormatError::BadMagic { .. }) => return Ok((seg, UNIT_BYTES)),

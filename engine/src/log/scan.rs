@@ -64,15 +64,20 @@ pub fn read_segment(
     }
 }
 
-/// The summary of a sealed segment; `Err(None)` when the segment is not sealed (no trailer of
-/// this use), `Err(Some(reason))` when the trailer or summary is damaged.
-#[allow(clippy::type_complexity)]
+/// A sealed segment's records and where they end; `Err(None)` when the segment is not sealed (no
+/// trailer of this use), `Err(Some(reason))` when its trailer or summary is damaged.
+pub type SummaryRead = Result<(Vec<SummaryEntry>, u32), Option<String>>;
+
+/// A record's header, units and bytes; or why the bytes at that place are not a valid record.
+pub type RecordRead = Result<(RecordHeader, u32, AlignedBuf), String>;
+
+/// The summary of a sealed segment (see [`SummaryRead`]).
 pub(crate) fn read_summary(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     index: u32,
     seq: u64,
-) -> Result<Result<(Vec<SummaryEntry>, u32), Option<String>>, DeviceError> {
+) -> Result<SummaryRead, DeviceError> {
     let units = sb.segment_units();
     let base = sb.segment_offset(index);
     let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
@@ -122,14 +127,13 @@ fn scan(
 
 /// Reads and checks the record at `unit` of the segment at `base`, which may take at most
 /// `max_units`. The inner `Err` says why the bytes there are not a valid record.
-#[allow(clippy::type_complexity)]
 pub fn read_record_at(
     dev: &dyn BlockDevice,
     base: u64,
     unit: u32,
     max_units: u32,
     seq: Option<u64>,
-) -> Result<Result<(RecordHeader, u32, AlignedBuf), String>, DeviceError> {
+) -> Result<RecordRead, DeviceError> {
     let offset = base + u64::from(unit) * UNIT_BYTES;
     let mut first = AlignedBuf::zeroed(UNIT_BYTES as usize);
     dev.read_at(&mut first, offset)?;

@@ -10,7 +10,7 @@ use kvhoard_engine::{Durability, PutOptions, ReadOptions, StoreOptions};
 use super::{hex, open};
 use crate::EXIT_NOT_FOUND;
 
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments, reason = "one argument per command-line option of `put`, passed straight through")]
 pub fn put(
     volume: &Path,
     namespace: &str,
