@@ -36,3 +36,29 @@ for bs in 64KiB 2MiB 32MiB; do
     b1=$b2
   done
 done
+
+echo
+echo "One file per block in the same directory (O_DIRECT, same threads and durability):"
+echo
+echo "| block | threads | put MB/s | files put MB/s | get MB/s | files get MB/s | put / files | get / files |"
+echo "|---|---|---|---|---|---|---|---|"
+for bs in 64KiB 2MiB; do
+  for threads in 1 4; do
+    r=$("$kv" bench "$dir/vol" --block-size "$bs" --total "$total" --threads "$threads" --io-backend "${BACKEND:-io_uring}" --compare-files --json)
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$bs" "$threads" "$(field "$r" put_mbps)" "$(field "$r" files_put_mbps)" \
+      "$(field "$r" get_mbps)" "$(field "$r" files_get_mbps)" "$(field "$r" put_vs_files)" "$(field "$r" get_vs_files)"
+  done
+done
+
+echo
+echo "DRAM tier (every block resident; each get copies into the caller's buffer):"
+echo
+echo "| block | threads | get MB/s | get MB/s per thread | get p50 µs | get p99 µs | get CPU s/GB |"
+echo "|---|---|---|---|---|---|---|"
+for bs in 64KiB 2MiB 32MiB; do
+  for threads in 1 2; do
+    r=$("$kv" bench "$dir/vol" --block-size "$bs" --total "$total" --threads "$threads" --tier dram --json)
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$bs" "$threads" "$(field "$r" get_mbps)" "$(field "$r" get_mbps_per_thread)" \
+      "$(field "$r" get_p50_us)" "$(field "$r" get_p99_us)" "$(field "$r" get_cpu_seconds_per_gb)"
+  done
+done

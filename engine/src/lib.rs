@@ -26,6 +26,7 @@ pub mod pool;
 pub mod reclaim;
 pub mod recovery;
 mod store;
+pub mod tier;
 pub mod volume;
 
 pub use aligned::AlignedBuf;

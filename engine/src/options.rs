@@ -120,6 +120,10 @@ pub struct StoreOptions {
     pub clock: crate::Clock,
     /// Chooses the segment to empty when the volume is full.
     pub reclaim_policy: std::sync::Arc<dyn crate::reclaim::ReclaimPolicy>,
+    /// Bytes of blocks the DRAM tier keeps in memory above the log; 0 turns it off.
+    pub dram_tier_bytes: u64,
+    /// Admission and eviction policy of the DRAM tier (LRU by default).
+    pub dram_policy: crate::tier::PolicyFactory,
 }
 
 impl Default for StoreOptions {
@@ -133,6 +137,8 @@ impl Default for StoreOptions {
             write_queue_depth: 64,
             clock: crate::Clock::system(),
             reclaim_policy: std::sync::Arc::new(crate::reclaim::OldestFirst),
+            dram_tier_bytes: 0,
+            dram_policy: crate::tier::PolicyFactory::lru(),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreError, StoreOptions};
+use kvhoard_engine::{CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreError, StoreOptions};
 
 fn create(dir: &Path) -> Store {
     let opts = CreateOptions { capacity_bytes: Some(64 << 20), segment_size_bytes: 4 << 20 };
@@ -178,23 +178,22 @@ impl Drop for LoopDevice {
     }
 }
 
-#[test]
-fn a_volume_on_a_raw_block_device_works_and_reopens_from_its_checkpoint_slots() {
+fn on_a_loop_device(io_backend: IoBackend) {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("disk.img");
     std::fs::File::create(&backing).unwrap().set_len(96 << 20).unwrap();
     let Some(dev) = LoopDevice::attach(&backing) else { return };
     let path = Path::new(&dev.0);
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: 4 << 20 };
-    let store = Store::create(path, &create, StoreOptions::default()).unwrap();
+    let store = Store::create(path, &create, StoreOptions { io_backend, ..StoreOptions::default() }).unwrap();
     for i in 0..40u32 {
         store.put("default", &format!("k{i}"), &kvhoard_tests::block(u64::from(i), 100_000), &synced()).unwrap();
     }
     store.close().unwrap();
     drop(store);
-    let err = Store::create(path, &create, StoreOptions::default()).unwrap_err();
+    let err = Store::create(path, &create, StoreOptions { io_backend, ..StoreOptions::default() }).unwrap_err();
     assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
-    let store = Store::open(path, StoreOptions::default()).unwrap();
+    let store = Store::open(path, StoreOptions { io_backend, ..StoreOptions::default() }).unwrap();
     assert!(store.recovery_report().checkpoint_seq.is_some(), "checkpoint slots on the device were not used");
     assert_eq!(store.recovery_report().records_replayed, 0);
     for i in 0..40u32 {
@@ -204,4 +203,16 @@ fn a_volume_on_a_raw_block_device_works_and_reopens_from_its_checkpoint_slots() 
         );
     }
     assert!(store.stats().direct_io);
+    let want = if io_backend == IoBackend::Pread { "pread" } else { "io_uring" };
+    assert_eq!(store.stats().device_backend, want);
+}
+
+#[test]
+fn a_volume_on_a_raw_block_device_works_through_io_uring() {
+    on_a_loop_device(IoBackend::IoUring);
+}
+
+#[test]
+fn a_volume_on_a_raw_block_device_works_through_pread() {
+    on_a_loop_device(IoBackend::Pread);
 }

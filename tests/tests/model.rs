@@ -1,12 +1,16 @@
 //! The store against a reference model, under random sequences of put, delete, get, list,
 //! clean reopen and crashes that keep, drop or tear unsynced writes, on a volume small enough
 //! that segments are reclaimed. proptest prints (and saves) the smallest failing sequence.
+//!
+//! It runs on the memory device (where crashes are simulated), and on a volume file through the
+//! io_uring and the pread backends (where a crash is a reopen), each with and without a DRAM
+//! tier small enough to evict.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use kvhoard_engine::device::{CrashMode, MemDevice};
-use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_engine::{CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreOptions};
 use kvhoard_tests::block;
 use proptest::prelude::*;
 
@@ -117,14 +121,52 @@ fn read(store: &Store, key: u8) -> Result<Option<Vec<u8>>, TestCaseError> {
     Ok(got.map(|b| b.to_vec()))
 }
 
+/// Where the volume lives.
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Memory,
+    File(IoBackend),
+}
+
+/// The volume under test: a memory device, or a directory on the test's file system.
+enum Volume {
+    Memory(Arc<MemDevice>),
+    File(tempfile::TempDir),
+}
+
+impl Volume {
+    fn open(&self, opts: &StoreOptions) -> kvhoard_engine::Result<Store> {
+        match self {
+            Volume::Memory(dev) => Store::open_on(dev.clone(), opts.clone()),
+            Volume::File(dir) => Store::open(dir.path(), opts.clone()),
+        }
+    }
+}
+
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut dev = Arc::new(MemDevice::new(SEGMENT * 8));
-    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEGMENT };
-    let opts = StoreOptions { checkpoint_every_segments: 2, ..StoreOptions::default() };
-    let mut store =
-        Store::create_on(dev.clone(), &create, opts.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let mut model = Model::default();
+    run_on(ops, Backend::Memory, 0)
+}
+
+fn run_on(ops: Vec<Op>, backend: Backend, dram_tier_bytes: u64) -> Result<(), TestCaseError> {
+    let create = CreateOptions { capacity_bytes: Some(SEGMENT * 8), segment_size_bytes: SEGMENT };
+    let mut opts = StoreOptions { checkpoint_every_segments: 2, dram_tier_bytes, ..StoreOptions::default() };
     let fail = |e: kvhoard_engine::StoreError| TestCaseError::fail(e.to_string());
+    let (mut volume, mut store) = match backend {
+        Backend::Memory => {
+            let dev = Arc::new(MemDevice::new(SEGMENT * 8));
+            let create = CreateOptions { capacity_bytes: None, ..create };
+            let store = Store::create_on(dev.clone(), &create, opts.clone()).map_err(fail)?;
+            (Volume::Memory(dev), store)
+        }
+        Backend::File(io_backend) => {
+            opts.io_backend = io_backend;
+            let dir =
+                tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let store = Store::create(dir.path(), &create, opts.clone()).map_err(fail)?;
+            (Volume::File(dir), store)
+        }
+    };
+    let mut model = Model::default();
     for op in ops {
         match op {
             Op::Put { key, value, synced } => {
@@ -179,11 +221,23 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert!(listed.is_subset(&live), "listed {listed:?} but live {live:?}");
                 prop_assert!(model.evictions || listed == live, "listed {listed:?} but live {live:?}");
             }
+            Op::Reopen | Op::Crash(_) if matches!(volume, Volume::File(_)) => {
+                // A process crash keeps what was written, as a clean reopen does.
+                model.evictions |= store.stats().evicted_keys > 0;
+                store.close().map_err(fail)?;
+                drop(store);
+                store = volume.open(&opts).map_err(fail)?;
+                model.synced();
+                for key in 0..KEYS {
+                    let got = read(&store, key)?;
+                    model.observe(key, got, false)?;
+                }
+            }
             Op::Reopen => {
                 model.evictions |= store.stats().evicted_keys > 0;
                 store.close().map_err(fail)?;
                 drop(store);
-                store = Store::open_on(dev.clone(), opts.clone()).map_err(fail)?;
+                store = volume.open(&opts).map_err(fail)?;
                 model.synced();
                 for key in 0..KEYS {
                     let got = read(&store, key)?;
@@ -191,12 +245,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Crash(mode) => {
+                let Volume::Memory(dev) = &volume else { unreachable!("file volumes reopen above") };
                 model.evictions |= store.stats().evicted_keys > 0;
                 let crashed = Arc::new(dev.crash(mode));
                 // The old store closes against the old device; the crashed image is unaffected.
                 drop(store);
-                dev = crashed;
-                store = Store::open_on(dev.clone(), opts.clone()).map_err(fail)?;
+                volume = Volume::Memory(crashed);
+                store = volume.open(&opts).map_err(fail)?;
                 for key in 0..KEYS {
                     let got = read(&store, key)?;
                     if mode == CrashMode::KeepAll {
@@ -220,6 +275,26 @@ proptest! {
     #[test]
     fn store_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops)?;
+    }
+
+    /// With a DRAM tier of 256 KiB (evicting) or 8 MiB (holding everything).
+    #[test]
+    fn store_with_a_dram_tier_matches_the_model(ops in proptest::collection::vec(op(), 1..60), big in any::<bool>()) {
+        run_on(ops, Backend::Memory, if big { 8 << 20 } else { 256 << 10 })?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn store_on_io_uring_matches_the_model(ops in proptest::collection::vec(op(), 1..40), dram in any::<bool>()) {
+        run_on(ops, Backend::File(IoBackend::IoUring), if dram { 256 << 10 } else { 0 })?;
+    }
+
+    #[test]
+    fn store_on_pread_matches_the_model(ops in proptest::collection::vec(op(), 1..40), dram in any::<bool>()) {
+        run_on(ops, Backend::File(IoBackend::Pread), if dram { 256 << 10 } else { 0 })?;
     }
 }
 

@@ -103,6 +103,9 @@ pub enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// Print Prometheus metrics (text exposition format) instead.
+        #[arg(long, conflicts_with = "json")]
+        prometheus: bool,
     },
     /// List the keys of a namespace, oldest first.
     Ls {
@@ -164,6 +167,14 @@ pub enum Command {
         /// Order of the gets.
         #[arg(long, default_value = "seq", value_parser = ["seq", "random"], value_name = "PATTERN")]
         read_pattern: String,
+        /// Tier the gets are served from: ssd (the log, DRAM tier off, page cache bypassed) or
+        /// dram (a DRAM tier holding every block; gets copy into the caller's buffer).
+        #[arg(long, value_enum, default_value = "ssd")]
+        tier: crate::commands::bench::Tier,
+        /// Also run the same puts and gets on one file per block in DIR (O_DIRECT, as the
+        /// engine), the simplest alternative, and report the ratios.
+        #[arg(long)]
+        compare_files: bool,
         /// Number of blocks (restart).
         #[arg(long, default_value_t = 1_000_000, value_name = "N")]
         blocks: u64,
@@ -176,6 +187,33 @@ pub enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+    },
+    /// Mount a volume as a file system (FUSE), in the foreground.
+    ///
+    /// Top-level directories are namespaces (`default` always exists; mkdir makes one, rmdir
+    /// removes an empty one); each file in one is a key, and reading it returns the block. A
+    /// file is stored when it is closed; writing `NAME.tmp` and renaming it publishes atomically.
+    /// `/.by-hash/<blake3 hex>` shows every block by content hash, `/.stats` the statistics as
+    /// JSON; extended attributes `user.kvhoard.{hash,codec,tier,ttl,group,stored_size}` describe
+    /// each file. A `/` in a key is `%2F` in its file name (docs/fuse.md). Stops, unmounting
+    /// cleanly and closing the volume, on Ctrl-C, SIGTERM or `umount MOUNTPOINT`.
+    Mount {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// Empty directory to mount on.
+        mountpoint: PathBuf,
+        /// Threads serving requests (each with its own /dev/fuse descriptor).
+        #[arg(long, default_value_t = 4, value_name = "N")]
+        threads: usize,
+        /// Durability of files stored at close (see put).
+        #[arg(long, default_value = "written", value_parser = parse_durability, value_name = "LEVEL")]
+        durability: Durability,
+        /// Bytes of blocks to keep in a DRAM tier above the log (0 = none).
+        #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
+        dram_tier: u64,
+        /// Let other users use the mount too (needs user_allow_other for non-root).
+        #[arg(long)]
+        allow_other: bool,
     },
     /// Check a volume and, with --repair, repair it.
     ///

@@ -32,9 +32,13 @@ fn main() -> ExitCode {
         Command::Rm { volume, key, ns, durability } => {
             commands::keys::rm(&volume, &ns.namespace, &key, durability, opts)
         }
-        Command::Stat { volume, json } => commands::stat::run(&volume, json, opts),
+        Command::Stat { volume, json, prometheus } => commands::stat::run(&volume, json, prometheus, opts),
         Command::Ls { volume, ns, limit, after, long, json } => {
             commands::ls::run(&volume, &ns.namespace, limit, after.as_deref(), long, json, opts)
+        }
+        Command::Mount { volume, mountpoint, threads, durability, dram_tier, allow_other } => {
+            let opts = kvhoard_engine::StoreOptions { dram_tier_bytes: dram_tier, ..opts };
+            commands::mount::run(&volume, &mountpoint, threads, durability, allow_other, opts)
         }
         Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
         Command::Inspect { volume, what, namespace, json } => commands::inspect::run(&volume, what, &namespace, json),
@@ -47,6 +51,8 @@ fn main() -> ExitCode {
             threads,
             durability,
             read_pattern,
+            tier,
+            compare_files,
             blocks,
             buffer_pool,
             keep,
@@ -62,6 +68,8 @@ fn main() -> ExitCode {
                 threads,
                 durability,
                 random_reads: read_pattern == "random",
+                tier,
+                compare_files,
                 blocks,
                 keep,
                 json,

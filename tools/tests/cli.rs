@@ -39,6 +39,15 @@ fn init_put_get_ls_stat_rm_round_trip() {
     assert_eq!(stat["keys"], 1);
     assert_eq!(stat["logical_bytes"], 300_000);
     assert!(ok(&["stat", vol]).contains("keys       1"));
+    assert_eq!(stat["tiers"][0]["tier"], "ssd");
+    assert_eq!(stat["tiers"][0]["entries"], 1);
+    let metrics = ok(&["stat", vol, "--prometheus"]);
+    assert!(metrics.contains("# TYPE kvhoard_keys gauge\nkvhoard_keys 1\n"), "{metrics}");
+    assert!(metrics.contains("kvhoard_tier_entries{tier=\"ssd\"} 1\n"), "{metrics}");
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        assert!(name.starts_with("kvhoard_") && value.parse::<f64>().is_ok(), "not a sample: {line}");
+    }
     ok(&["rm", vol, key]);
     let miss = kvhoard(&["get", vol, key]);
     assert_eq!(miss.status.code(), Some(3));
@@ -133,6 +142,24 @@ fn bench_reports_the_fields_scripts_read() {
     }
     assert_eq!(j["blocks"], 128);
     assert!(!dir.path().join("b").exists(), "the benchmark volume was not removed");
+    let out = ok(&[
+        "bench",
+        p(&dir.path().join("d")),
+        "--block-size",
+        "64KiB",
+        "--total",
+        "4MiB",
+        "--tier",
+        "dram",
+        "--compare-files",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["tier"], "dram");
+    for field in ["files_put_mbps", "files_get_mbps", "put_vs_files", "get_vs_files", "get_mbps_per_thread"] {
+        assert!(j[field].is_number(), "{field} missing in {j}");
+    }
+    assert!(!dir.path().join("d").exists(), "the benchmark volume and files were not removed");
     let out = ok(&["bench", p(&dir.path().join("r")), "--workload", "restart", "--blocks", "3000", "--json"]);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["blocks"], 3000);

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use kvhoard_format::UNIT_BYTES;
 
+use super::fault::{eio, FaultKind, Faults};
 use super::{check_request, BlockDevice, Capabilities, DeviceError};
 
 /// What happens to writes that were not synced when the device "crashes".
@@ -22,31 +23,19 @@ pub enum CrashMode {
     Random(u64),
 }
 
-/// Which operation an injected fault hits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultKind {
-    /// `read_at`.
-    Read,
-    /// `write_at`.
-    Write,
-    /// `sync`.
-    Sync,
-}
-
 #[derive(Debug, Default)]
 struct State {
     written: Vec<u8>,
     durable: Vec<u8>,
     /// (offset, len) of writes since the last sync, in order.
     unsynced: Vec<(u64, u64)>,
-    /// Fail the n-th next operation of a kind (1 = the next one).
-    faults: Vec<(FaultKind, u64)>,
 }
 
 /// An in-memory [`BlockDevice`] that can crash and fail on purpose.
 #[derive(Debug)]
 pub struct MemDevice {
     state: Mutex<State>,
+    faults: Faults,
     capacity: u64,
 }
 
@@ -61,7 +50,11 @@ impl MemDevice {
     /// A device holding `image`, all of it durable.
     pub fn from_image(image: Vec<u8>) -> MemDevice {
         let capacity = image.len() as u64;
-        MemDevice { state: Mutex::new(State { written: image.clone(), durable: image, ..State::default() }), capacity }
+        MemDevice {
+            state: Mutex::new(State { written: image.clone(), durable: image, ..State::default() }),
+            faults: Faults::default(),
+            capacity,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -72,7 +65,7 @@ impl MemDevice {
 
     /// Makes the `n`-th next operation of `kind` fail with EIO (n = 1: the very next one).
     pub fn fail_nth(&self, kind: FaultKind, n: u64) {
-        self.lock().faults.push((kind, n));
+        self.faults.arm(kind, n);
     }
 
     /// The image a crash right now would leave behind, as a new device.
@@ -105,22 +98,6 @@ impl MemDevice {
     pub fn image(&self) -> Vec<u8> {
         self.lock().written.clone()
     }
-
-    fn take_fault(state: &mut State, kind: FaultKind) -> bool {
-        let mut hit = false;
-        state.faults.retain_mut(|(k, n)| {
-            if *k != kind {
-                return true;
-            }
-            *n -= 1;
-            if *n == 0 {
-                hit = true;
-                return false;
-            }
-            true
-        });
-        hit
-    }
 }
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -130,10 +107,6 @@ fn xorshift(x: &mut u64) -> u64 {
     *x
 }
 
-fn eio(op: &'static str, offset: u64, len: u64) -> DeviceError {
-    DeviceError::Io { op, offset, len, source: std::io::Error::from_raw_os_error(libc::EIO) }
-}
-
 impl BlockDevice for MemDevice {
     fn capacity_bytes(&self) -> u64 {
         self.capacity
@@ -141,8 +114,8 @@ impl BlockDevice for MemDevice {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         check_request("read", offset, buf.len(), self.capacity, UNIT_BYTES)?;
-        let mut state = self.lock();
-        if Self::take_fault(&mut state, FaultKind::Read) {
+        let state = self.lock();
+        if self.faults.take(FaultKind::Read) {
             return Err(eio("read", offset, buf.len() as u64));
         }
         let src = state.written.get(offset as usize..offset as usize + buf.len());
@@ -153,7 +126,7 @@ impl BlockDevice for MemDevice {
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES)?;
         let mut state = self.lock();
-        if Self::take_fault(&mut state, FaultKind::Write) {
+        if self.faults.take(FaultKind::Write) {
             return Err(eio("write", offset, buf.len() as u64));
         }
         let dst = state.written.get_mut(offset as usize..offset as usize + buf.len());
@@ -164,7 +137,7 @@ impl BlockDevice for MemDevice {
 
     fn sync(&self) -> Result<(), DeviceError> {
         let mut state = self.lock();
-        if Self::take_fault(&mut state, FaultKind::Sync) {
+        if self.faults.take(FaultKind::Sync) {
             // Like a failed fsync: what was unsynced stays unsynced and may be lost.
             return Err(eio("sync", 0, 0));
         }

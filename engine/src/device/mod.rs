@@ -3,14 +3,17 @@
 //! All engine I/O goes through [`BlockDevice`]: unit-aligned reads and writes at absolute byte
 //! offsets, and a flush. [`FileDevice`] is the portable pread/pwrite backend (with O_DIRECT where
 //! the file system allows it); [`MemDevice`] keeps a written and a durable image and can simulate
-//! a crash that drops or tears unsynced writes, and inject I/O errors.
+//! a crash that drops or tears unsynced writes, and inject I/O errors; [`FaultDevice`] injects
+//! I/O errors in front of any backend.
 
+mod fault;
 mod file;
 mod memory;
 mod uring;
 
+pub use fault::{FaultDevice, FaultKind, Faults};
 pub use file::FileDevice;
-pub use memory::{CrashMode, FaultKind, MemDevice};
+pub use memory::{CrashMode, MemDevice};
 pub use uring::{UringConfig, UringDevice};
 
 use thiserror::Error;

@@ -4,11 +4,13 @@
 //! then `index` (read-mostly; gets take only its read lock), then `pending` (records reserved
 //! but not yet written, so that gets see them). Device I/O for records runs outside all locks.
 
+mod prometheus;
 mod read;
 mod stats;
 mod sync;
 mod write;
 
+use read::CachedBlock;
 pub use read::{Block, BlockMeta, ListCursor, ListEntry, ListPage};
 pub use stats::{NamespaceStats, Stats};
 
@@ -35,6 +37,7 @@ use crate::options::{CreateOptions, StoreOptions};
 use crate::pool::{BufferPool, PooledBuf};
 use crate::reclaim::{OldestFirst, ReclaimPolicy as _, SegmentView};
 use crate::recovery::{recover, RecoveryReport};
+use crate::tier::{DramTier, LatencyHistogram, TierCounters};
 use crate::volume::{self, VolumePaths};
 use crate::{AlignedBuf, Clock};
 
@@ -67,6 +70,12 @@ struct Inner {
     checkpoint_saved: Mutex<u64>,
     sync: GroupCommit,
     metrics: Metrics,
+    /// Copies of blocks in memory above the log, if configured.
+    dram: Option<DramTier<Arc<CachedBlock>>>,
+    /// Load latency of DRAM-tier hits and of reads from the log.
+    dram_latency: LatencyHistogram,
+    ssd: TierCounters,
+    ssd_latency: LatencyHistogram,
     recovery: RecoveryReport,
     _lock: Option<File>,
 }
@@ -196,6 +205,7 @@ impl Store {
         );
         let queue_depth = opts.write_queue_depth.max(1);
         let pool = BufferPool::new(64, opts.buffer_pool_bytes);
+        let dram = (opts.dram_tier_bytes > 0).then(|| DramTier::new(opts.dram_tier_bytes, &opts.dram_policy));
         let inner = Arc::new(Inner {
             dev,
             sb,
@@ -220,6 +230,10 @@ impl Store {
             checkpoint_saved: Mutex::new(0),
             sync: GroupCommit::default(),
             metrics: Metrics::default(),
+            dram,
+            dram_latency: LatencyHistogram::default(),
+            ssd: TierCounters::default(),
+            ssd_latency: LatencyHistogram::default(),
             recovery: recovered.report,
             _lock: lock,
         });
@@ -445,6 +459,9 @@ impl Inner {
             .filter(|v| sealed.iter().any(|s| s.index == *v))
             .unwrap_or(oldest);
         let dropped = self.index_write().drop_segment(victim);
+        if let Some(dram) = &self.dram {
+            dram.drop_segment(victim);
+        }
         if let Some(s) = log.segments.get_mut(victim as usize) {
             *s = SegInfo::FREE;
         }

@@ -3,17 +3,19 @@
 use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kvhoard_format::record::{validate_key, validate_namespace, BlockDesc, CompressionMeta, RecordHeader, RecordKind};
 use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::UNIT_BYTES;
 
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, is_expired, key_fp, ContentEntry, Loc};
+use crate::index::{content_fp, is_expired, key_fp, ContentEntry, ContentFp, Loc};
 use crate::log::scan::{check_payload, read_segment};
 use crate::log::{Pos, SegState};
 use crate::options::ReadOptions;
 use crate::pool::PooledBuf;
+use crate::tier::Origin;
 
 use super::{Inner, Store};
 
@@ -78,6 +80,19 @@ impl std::fmt::Debug for Block {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct ListCursor(Pos);
 
+impl ListCursor {
+    /// The cursor as one number (for a directory offset): segment use in the high 40 bits,
+    /// unit in the low 24. `None` if it does not fit (not before 2^40 segment uses).
+    pub fn to_u64(self) -> Option<u64> {
+        (self.0.seq < 1 << 40 && self.0.unit < 1 << 24).then_some(self.0.seq << 24 | u64::from(self.0.unit))
+    }
+
+    /// The cursor [`ListCursor::to_u64`] made this number from.
+    pub fn from_u64(v: u64) -> ListCursor {
+        ListCursor(Pos { seq: v >> 24, unit: (v & 0xFF_FFFF) as u32 })
+    }
+}
+
 impl std::fmt::Display for ListCursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}", self.0.seq, self.0.unit)
@@ -109,6 +124,8 @@ pub struct ListEntry {
     pub ttl_secs: u32,
     /// Whether the key shares stored bytes with an earlier key (a link record).
     pub deduplicated: bool,
+    /// Where this entry is: a listing from here continues after it.
+    pub cursor: ListCursor,
 }
 
 /// A page of a listing.
@@ -140,6 +157,64 @@ impl Store {
         };
         inner.metrics.count_get(block.as_ref().map(|b| b.len as u64));
         Ok(block)
+    }
+
+    /// The description of the block under `key` (size, hash, times, codec), or `None` on a
+    /// miss. Reads only the record's header (one 4 KiB unit, usually), never the payload;
+    /// served from memory when the block is in the DRAM tier or not yet written.
+    pub fn meta(&self, namespace: &str, key: &str) -> Result<Option<BlockMeta>> {
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let inner = &self.inner;
+        let kfp = key_fp(namespace, key);
+        let entry = {
+            let index = inner.index_read();
+            let k = index.key(&kfp).filter(|k| !is_expired(k, inner.clock.now_unix_s()));
+            match k.and_then(|k| index.content(k.content)) {
+                Some(entry) => *entry,
+                None => return Ok(None),
+            }
+        };
+        let loc = entry.record;
+        if let Some(cached) = inner.dram.as_ref().and_then(|d| d.peek(&entry.fp, loc)) {
+            return Ok(Some(cached.meta.clone()));
+        }
+        let pending = inner.lock_pending().get(&loc).cloned();
+        let header = match pending {
+            Some(buf) => RecordHeader::decode(&buf),
+            None => {
+                let unit = UNIT_BYTES as usize;
+                let offset = inner.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+                let mut buf = inner.pool.get(unit);
+                inner.dev.read_at(&mut buf, offset)?;
+                match RecordHeader::peek_len(&buf) {
+                    Ok(len) if len > unit && len.div_ceil(unit) <= entry.units as usize => {
+                        buf = inner.pool.get(len.div_ceil(unit) * unit);
+                        inner.dev.read_at(&mut buf, offset)?;
+                        RecordHeader::decode(&buf)
+                    }
+                    _ => RecordHeader::decode(&buf),
+                }
+            }
+        };
+        match header {
+            Ok(h) if h.kind == RecordKind::Block && content_fp(&h.namespace, &h.content_hash) == entry.fp => {
+                Ok(Some(meta_of(h, loc)))
+            }
+            // Raced with reclaim, or damaged: get() tells which (and counts damage).
+            _ => Ok(self.get(namespace, key, ReadOptions::default())?.map(|b| b.meta)),
+        }
+    }
+
+    /// Whether the block with content hash `hash` in `namespace` is held by the DRAM tier.
+    pub fn in_dram(&self, namespace: &str, hash: &[u8; 32]) -> bool {
+        let Some(dram) = &self.inner.dram else { return false };
+        let cfp = content_fp(namespace, hash);
+        let loc = {
+            let index = self.inner.index_read();
+            index.content_slot(&cfp).and_then(|s| index.content(s)).map(|c| c.record)
+        };
+        loc.is_some_and(|loc| dram.peek(&cfp, loc).is_some())
     }
 
     /// Reads the block under `key` into `buf` and returns its description and the number of
@@ -224,7 +299,7 @@ impl Store {
                 if after.is_some_and(|a| pos <= a) || e.header.namespace != namespace {
                     continue;
                 }
-                if let Some(entry) = inner.live_entry(index, &e) {
+                if let Some(entry) = inner.live_entry(index, &e, ListCursor(pos)) {
                     page.entries.push(entry);
                     if page.entries.len() >= limit.max(1) {
                         page.next = Some(ListCursor(pos));
@@ -239,7 +314,7 @@ impl Store {
 
 impl Inner {
     /// The listing entry of a record if it is its key's current record.
-    fn live_entry(&self, segment: u32, e: &SummaryEntry) -> Option<ListEntry> {
+    fn live_entry(&self, segment: u32, e: &SummaryEntry, cursor: ListCursor) -> Option<ListEntry> {
         let h = &e.header;
         if !matches!(h.kind, RecordKind::Block | RecordKind::Link) {
             return None;
@@ -256,6 +331,7 @@ impl Inner {
             created_unix_ms: h.created_unix_ms,
             ttl_secs: h.ttl_secs,
             deduplicated: h.kind == RecordKind::Link,
+            cursor,
         })
     }
 
@@ -268,6 +344,25 @@ impl Inner {
         still_current: impl Fn() -> bool,
     ) -> Result<Option<Block>> {
         let loc = entry.record;
+        let started = Instant::now();
+        let hint = u64::from(entry.fp[0]);
+        if let Some(cached) = self.dram.as_ref().and_then(|d| d.get(&entry.fp, loc)) {
+            let block = cached.block();
+            if opts.verify_hash && !hash_matches(&block) {
+                // Memory corruption, not a disk problem: drop the copy and read the log.
+                self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(segment = loc.segment, unit = loc.unit, "cached block fails its hash; reading the log");
+                if let Some(dram) = &self.dram {
+                    dram.remove(&entry.fp);
+                }
+            } else {
+                if let Some(dram) = &self.dram {
+                    dram.counters.hit_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
+                }
+                self.dram_latency.record(hint, started.elapsed());
+                return Ok(Some(block));
+            }
+        }
         let pending = self.lock_pending().get(&loc).cloned();
         let bytes = match pending {
             Some(buf) => Bytes::Shared(buf),
@@ -284,19 +379,69 @@ impl Inner {
         };
         match verify(record, entry, opts) {
             Ok(header) => {
+                let bytes = match bytes {
+                    Bytes::Owned(buf) if self.dram.is_some() => {
+                        let buf = Arc::new(buf);
+                        self.admit(&buf, &header, entry.fp, loc, Origin::Load);
+                        Bytes::Shared(buf)
+                    }
+                    other => other,
+                };
                 let start = header.payload_offset() as usize;
                 let len = header.stored_len as usize;
+                self.ssd.hits.fetch_add(1, Ordering::Relaxed);
+                self.ssd.hit_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                self.ssd_latency.record(hint, started.elapsed());
                 let meta = meta_of(header, loc);
                 Ok(Some(Block { bytes, start, len, meta }))
             }
-            Err(_) if !still_current() => Ok(None),
+            Err(_) if !still_current() => {
+                self.ssd.misses.fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
             Err(why) => {
+                self.ssd.misses.fetch_add(1, Ordering::Relaxed);
                 self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(segment = loc.segment, unit = loc.unit, reason = %why, "stored block is damaged; returning a miss");
                 Ok(None)
             }
         }
     }
+
+    /// Offers a block record, held in `buf`, to the DRAM tier.
+    pub(super) fn admit(&self, buf: &Arc<PooledBuf>, header: &RecordHeader, fp: ContentFp, loc: Loc, origin: Origin) {
+        if let Some(dram) = &self.dram {
+            let cached = CachedBlock {
+                buf: Arc::clone(buf),
+                start: header.payload_offset() as usize,
+                len: header.stored_len as usize,
+                meta: meta_of(header.clone(), loc),
+            };
+            dram.insert(fp, loc, buf.len() as u64, Arc::new(cached), origin);
+        }
+    }
+}
+
+/// A block held by the DRAM tier: the record buffer it was written from or read into, shared
+/// with the gets that return it (never copied).
+#[derive(Debug)]
+pub(super) struct CachedBlock {
+    buf: Arc<PooledBuf>,
+    start: usize,
+    len: usize,
+    meta: BlockMeta,
+}
+
+impl CachedBlock {
+    fn block(&self) -> Block {
+        Block { bytes: Bytes::Shared(Arc::clone(&self.buf)), start: self.start, len: self.len, meta: self.meta.clone() }
+    }
+}
+
+/// Whether an uncompressed block's bytes still hash to its content hash.
+fn hash_matches(block: &Block) -> bool {
+    block.meta.compression.codec_id != CompressionMeta::CODEC_NONE
+        || blake3::hash(block).as_bytes() == &block.meta.content_hash
 }
 
 /// Checks a record read for `entry`: a block record of the expected bytes, payload intact.

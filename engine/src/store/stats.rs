@@ -9,7 +9,8 @@ use crate::index::Dropped;
 use crate::log::SegState;
 use crate::recovery::RecoveryReport;
 
-use super::Store;
+use super::{Inner, Store};
+use crate::tier::{TierCounters, TierStats};
 
 /// Operation counters since the store was opened.
 #[derive(Debug, Default)]
@@ -123,6 +124,8 @@ pub struct Stats {
     pub device_backend: String,
     pub direct_io: bool,
     pub recovery: RecoveryReport,
+    /// Per tier, fastest first: `dram` (when configured), then `ssd` (the log).
+    pub tiers: Vec<TierStats>,
     /// Why writes are refused, if they are.
     pub poisoned: Option<String>,
 }
@@ -166,6 +169,7 @@ impl Store {
             })
             .collect();
         let sum = |f: fn(&NamespaceStats) -> u64| namespaces.iter().map(f).sum::<u64>();
+        let tiers = inner.tier_stats(sum(|n| n.stored_bytes), index.block_count());
         let m = &inner.metrics;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let caps = inner.dev.capabilities();
@@ -202,7 +206,50 @@ impl Store {
             device_backend: caps.backend.to_string(),
             direct_io: caps.direct_io,
             recovery: inner.recovery.clone(),
+            tiers,
             poisoned,
         }
+    }
+}
+
+impl Inner {
+    fn tier_stats(&self, live_bytes: u64, blocks: u64) -> Vec<TierStats> {
+        let counted = |tier: &str, c: &TierCounters| {
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            TierStats {
+                tier: tier.to_string(),
+                hits: get(&c.hits),
+                misses: get(&c.misses),
+                hit_bytes: get(&c.hit_bytes),
+                admitted: get(&c.admitted),
+                rejected: get(&c.rejected),
+                evictions: get(&c.evictions),
+                ..TierStats::default()
+            }
+        };
+        let mut tiers = Vec::with_capacity(2);
+        if let Some(dram) = &self.dram {
+            let (resident_bytes, entries) = dram.resident();
+            tiers.push(TierStats {
+                capacity_bytes: dram.capacity(),
+                resident_bytes,
+                entries,
+                load_latency: self.dram_latency.summary(),
+                ..counted("dram", &dram.counters)
+            });
+        }
+        let mut ssd = TierStats {
+            capacity_bytes: u64::from(self.sb.segment_count) * self.sb.segment_size_bytes,
+            resident_bytes: live_bytes,
+            entries: blocks,
+            load_latency: self.ssd_latency.summary(),
+            ..counted("ssd", &self.ssd)
+        };
+        // Every block put is on the log; evictions from the log are reclaimed segments' blocks.
+        ssd.admitted =
+            self.metrics.puts.load(Ordering::Relaxed).saturating_sub(self.metrics.dedup_hits.load(Ordering::Relaxed));
+        ssd.evictions = self.metrics.evicted_blocks.load(Ordering::Relaxed);
+        tiers.push(ssd);
+        tiers
     }
 }

@@ -499,3 +499,87 @@ fn reused_buffers_never_write_stale_bytes_into_record_padding() {
         "payload padding holds stale bytes"
     );
 }
+
+fn dram_store(segments: u64, dram_tier_bytes: u64) -> (Arc<MemDevice>, Store) {
+    let dev = Arc::new(MemDevice::new(SEG * (segments + 3)));
+    let opts = StoreOptions { dram_tier_bytes, ..StoreOptions::default() };
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    (dev.clone(), Store::create_on(dev, &create, opts).unwrap())
+}
+
+fn tier(s: &Store, name: &str) -> crate::tier::TierStats {
+    s.stats().tiers.into_iter().find(|t| t.tier == name).unwrap()
+}
+
+#[test]
+fn dram_tier_serves_without_reading_the_device() {
+    let (dev, s) = dram_store(8, 1 << 20);
+    let a = block(1, 100_000);
+    s.put("default", "a", &a, &PutOptions::default()).unwrap();
+    // Every device read fails from now on: only the DRAM tier can answer.
+    dev.fail_nth(FaultKind::Read, 1);
+    assert_eq!(get(&s, "a").unwrap(), a);
+    let dram = tier(&s, "dram");
+    assert_eq!((dram.hits, dram.misses, dram.admitted), (1, 0, 1));
+    assert_eq!(dram.hit_bytes, 100_000);
+    assert_eq!(dram.load_latency.count, 1);
+    assert!(dram.resident_bytes >= 100_000 && dram.resident_bytes <= dram.capacity_bytes);
+}
+
+#[test]
+fn a_block_evicted_from_dram_is_read_from_the_log_and_admitted_again() {
+    // 300 KB of DRAM holds two 100 KB records, not three.
+    let (_dev, s) = dram_store(8, 300_000);
+    let blocks: Vec<Vec<u8>> = (0..3).map(|i| block(i, 100_000)).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        s.put("default", &format!("k{i}"), b, &PutOptions::default()).unwrap();
+    }
+    let dram = tier(&s, "dram");
+    assert_eq!((dram.entries, dram.evictions), (2, 1));
+    assert_eq!(get(&s, "k0").unwrap(), blocks[0], "evicted from DRAM, still on the log");
+    let (dram, ssd) = (tier(&s, "dram"), tier(&s, "ssd"));
+    assert_eq!((dram.misses, ssd.hits, ssd.load_latency.count), (1, 1, 1));
+    assert_eq!(get(&s, "k0").unwrap(), blocks[0]);
+    assert_eq!(tier(&s, "dram").hits, 1, "the load admitted it");
+}
+
+#[test]
+fn dram_tier_never_serves_an_overwritten_deleted_or_reclaimed_block() {
+    let (_dev, s) = dram_store(3, 8 << 20);
+    let old = block(1, 50_000);
+    let new = block(2, 50_000);
+    s.put("default", "k", &old, &PutOptions::default()).unwrap();
+    assert_eq!(get(&s, "k").unwrap(), old);
+    s.put("default", "k", &new, &PutOptions::default()).unwrap();
+    assert_eq!(get(&s, "k").unwrap(), new);
+    assert!(s.delete("default", "k", Durability::Written).unwrap());
+    assert_eq!(get(&s, "k"), None);
+    s.put("default", "k", &old, &PutOptions::default()).unwrap();
+    assert_eq!(get(&s, "k").unwrap(), old);
+    // Fill the small volume until the segment holding "k" is reclaimed.
+    for i in 0..200u64 {
+        s.put("default", &format!("fill{i}"), &block(100 + i, 60_000), &PutOptions::default()).unwrap();
+    }
+    assert!(s.stats().segments_reclaimed > 0);
+    assert_eq!(get(&s, "k"), None, "reclaimed from the log, so gone from DRAM too");
+    let dram = tier(&s, "dram");
+    assert!(dram.resident_bytes <= s.stats().live_bytes + dram.entries * 8192, "{dram:?}");
+}
+
+#[test]
+fn meta_reads_the_header_only_and_matches_get() {
+    let (dev, s) = mem_store(8);
+    let bytes = block(3, 200_000);
+    s.put("default", "k", &bytes, &PutOptions { ttl_secs: Some(60), ..synced() }).unwrap();
+    let meta = s.meta("default", "k").unwrap().unwrap();
+    assert_eq!(meta, s.get("default", "k", ReadOptions::default()).unwrap().unwrap().meta);
+    assert_eq!((meta.raw_len, meta.ttl_secs), (200_000, 60));
+    assert_eq!(s.meta("default", "missing").unwrap(), None);
+    // A long key makes the header longer than one unit.
+    let long = "x".repeat(4096);
+    s.put("default", &long, &bytes, &synced()).unwrap();
+    drop(s);
+    let s = Store::open_on(dev, StoreOptions::default()).unwrap();
+    assert_eq!(s.meta("default", &long).unwrap().unwrap().raw_len, 200_000);
+    assert_eq!(s.meta("default", "k").unwrap().unwrap().content_hash, *blake3::hash(&bytes).as_bytes());
+}

@@ -13,6 +13,7 @@ use crate::log::{fits_empty, Pos};
 use crate::options::{Durability, PutOptions};
 use crate::pool::{BufferPool, PooledBuf};
 use crate::recovery::expiry;
+use crate::tier::Origin;
 
 use super::{Inner, Store};
 
@@ -264,6 +265,7 @@ impl Inner {
             let buf = Arc::new(buf);
             if item.header.kind == RecordKind::Block {
                 self.lock_pending().insert(loc, Arc::clone(&buf));
+                self.admit(&buf, &item.header, item.content, loc, Origin::Put);
             }
             if let Err(e) = self.apply(&item.header, item.key, item.content, loc, units) {
                 self.lock_pending().remove(&loc);
@@ -296,7 +298,13 @@ impl Inner {
                 debug_assert!(linked, "link reserved for bytes that are not stored");
             }
             RecordKind::Tombstone => {
+                let content = index.key(&key).and_then(|k| index.content(k.content)).map(|c| c.fp);
                 index.remove_key(&key);
+                if let (Some(fp), Some(dram)) = (content, &self.dram) {
+                    if index.content_slot(&fp).is_none() {
+                        dram.remove(&fp);
+                    }
+                }
             }
         }
         Ok(())

@@ -3,7 +3,9 @@
 //! - `throughput`: puts `--total` bytes in blocks of `--block-size` from `--threads` threads,
 //!   then gets them all back (sequentially or in random order), with O_DIRECT so the page cache
 //!   does not flatter the reads. Reports MB/s (10^6 bytes), latency percentiles and CPU seconds
-//!   per GB moved.
+//!   per GB moved. `--tier dram` serves the gets from a DRAM tier holding every block, copying
+//!   each into the caller's buffer (what a client loading into its own memory does).
+//!   `--compare-files` runs the same workload on one file per block, the simplest alternative.
 //! - `restart`: stores `--blocks` small blocks, then times opening the volume from its
 //!   checkpoint and from its log alone, and reports the index's memory per block.
 
@@ -29,12 +31,23 @@ pub struct BenchArgs {
     pub threads: usize,
     pub durability: Durability,
     pub random_reads: bool,
+    pub tier: Tier,
+    pub compare_files: bool,
     pub blocks: u64,
     pub keep: bool,
     pub json: bool,
     pub direct_io: bool,
     pub io_backend: kvhoard_engine::IoBackend,
     pub buffer_pool_bytes: usize,
+}
+
+/// Which tier serves the gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Tier {
+    /// The log on the device.
+    Ssd,
+    /// The DRAM tier.
+    Dram,
 }
 
 /// What to measure.
@@ -97,6 +110,7 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         direct_io: a.direct_io,
         io_backend: a.io_backend,
         buffer_pool_bytes: a.buffer_pool_bytes,
+        dram_tier_bytes: if a.tier == Tier::Dram { capacity } else { 0 },
         ..StoreOptions::default()
     };
     let store =
@@ -113,7 +127,9 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
         // Distinct bytes per block, so deduplication does not skip any write.
         stamp(buf, i);
-        store.put("bench", &format!("block-{i}"), buf, &put_opts).map(|_| progress.inc(1))
+        store.put("bench", &format!("block-{i}"), buf, &put_opts)?;
+        progress.inc(1);
+        Ok(())
     })?;
     if a.durability != Durability::Synced {
         store.put("bench", "barrier", b"", &PutOptions { durability: Durability::Synced, ..PutOptions::default() })?;
@@ -121,10 +137,16 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let cpu1 = cpu_seconds();
     let order = read_order(count, a.random_reads);
     let hits = AtomicU64::new(0);
-    let (get_time, get_lat) = parallel(count, a.threads, |i, _: &mut Vec<u8>| {
+    let (get_time, get_lat) = parallel(count, a.threads, |i, buf: &mut Vec<u8>| {
         let key = format!("block-{}", order.get(i as usize).copied().unwrap_or(i));
-        let block = store.get("bench", &key, ReadOptions::default())?;
-        if block.is_some_and(|b| b.len() as u64 == a.block_size) {
+        let len = match a.tier {
+            Tier::Ssd => store.get("bench", &key, ReadOptions::default())?.map(|b| b.len()),
+            Tier::Dram => {
+                buf.resize(a.block_size as usize, 0);
+                store.get_into("bench", &key, buf, ReadOptions::default())?.map(|(_, n)| n)
+            }
+        };
+        if len.is_some_and(|n| n as u64 == a.block_size) {
             hits.fetch_add(1, Ordering::Relaxed);
         }
         progress.inc(1);
@@ -140,10 +162,19 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         stats.evicted_keys,
         stats.read_errors
     );
+    if a.tier == Tier::Dram {
+        let dram = stats.tiers.iter().find(|t| t.tier == "dram");
+        ensure!(
+            dram.is_some_and(|t| t.hits == count),
+            "the DRAM tier served {} of {count} gets",
+            dram.map_or(0, |t| t.hits)
+        );
+    }
+    drop(store);
     let bytes = (count * a.block_size) as f64;
     let mbps = |d: Duration| bytes / d.as_secs_f64().max(1e-9) / 1e6;
     let gb = bytes / 1e9;
-    Ok(json!({
+    let mut report = json!({
         "workload": "throughput",
         "block_size": a.block_size,
         "blocks": count,
@@ -162,7 +193,79 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "get_cpu_seconds_per_gb": round3((cpu2 - cpu1) / gb),
         "cpu_seconds_per_gb": round3((cpu2 - cpu0) / (2.0 * gb)),
         "syncs": stats.syncs,
-    }))
+        "tier": if a.tier == Tier::Dram { "dram" } else { "ssd" },
+        "get_mbps_per_thread": round1(mbps(get_time) / a.threads as f64),
+    });
+    if a.compare_files {
+        let files = dir.join("files");
+        let result = files::throughput(&files, count, a, &order);
+        let _ = std::fs::remove_dir_all(&files);
+        let (put, get) = result?;
+        if let Some(obj) = report.as_object_mut() {
+            obj.insert("files_put_mbps".into(), json!(round1(mbps(put))));
+            obj.insert("files_get_mbps".into(), json!(round1(mbps(get))));
+            obj.insert("put_vs_files".into(), json!(round3(put.as_secs_f64() / put_time.as_secs_f64().max(1e-9))));
+            obj.insert("get_vs_files".into(), json!(round3(get.as_secs_f64() / get_time.as_secs_f64().max(1e-9))));
+        }
+    }
+    Ok(report)
+}
+
+/// The simplest alternative: one file per block, as LMCache's local disk backend keeps them.
+mod files {
+    use std::fs::{File, OpenOptions};
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use anyhow::Context as _;
+    use kvhoard_engine::{AlignedBuf, Durability};
+
+    use super::{noise, parallel, stamp, BenchArgs};
+
+    fn open(path: &Path, write: bool, direct: bool) -> std::io::Result<File> {
+        let mut o = OpenOptions::new();
+        if write {
+            o.write(true).create(true).truncate(true);
+        } else {
+            o.read(true);
+        }
+        if direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        o.open(path)
+    }
+
+    /// Puts and gets `count` blocks as files; returns the put and get wall times.
+    pub fn throughput(dir: &Path, count: u64, a: &BenchArgs, order: &[u64]) -> anyhow::Result<(Duration, Duration)> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // O_DIRECT needs whole sectors; other sizes go through the page cache.
+        let direct = a.direct_io && a.block_size.is_multiple_of(4096);
+        let (put, _) = parallel(count, a.threads, |i, scratch: &mut Option<AlignedBuf>| {
+            let buf = scratch.get_or_insert_with(|| {
+                let mut buf = AlignedBuf::zeroed(a.block_size as usize);
+                buf.copy_from_slice(&noise(i, a.block_size as usize));
+                buf
+            });
+            stamp(buf, i);
+            let path = dir.join(format!("block-{i}"));
+            let mut f = open(&path, true, direct).or_else(|_| open(&path, true, false))?;
+            f.write_all(buf)?;
+            if a.durability == Durability::Synced {
+                f.sync_data()?;
+            }
+            Ok(())
+        })?;
+        let (get, _) = parallel(count, a.threads, |i, scratch: &mut Option<AlignedBuf>| {
+            let buf = scratch.get_or_insert_with(|| AlignedBuf::zeroed(a.block_size as usize));
+            let path = dir.join(format!("block-{}", order.get(i as usize).copied().unwrap_or(i)));
+            let mut f = open(&path, false, direct).or_else(|_| open(&path, false, false))?;
+            f.read_exact(buf)?;
+            Ok(())
+        })?;
+        Ok((put, get))
+    }
 }
 
 fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
@@ -237,9 +340,10 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
 
 /// Runs `op(i, scratch)` for i in 0..count over `threads` threads (thread t takes i ≡ t mod
 /// threads); returns the wall time and every operation's latency in microseconds.
-fn parallel<F>(count: u64, threads: usize, op: F) -> anyhow::Result<(Duration, Vec<u32>)>
+fn parallel<S, F>(count: u64, threads: usize, op: F) -> anyhow::Result<(Duration, Vec<u32>)>
 where
-    F: Fn(u64, &mut Vec<u8>) -> Result<(), kvhoard_engine::StoreError> + Sync,
+    S: Default,
+    F: Fn(u64, &mut S) -> anyhow::Result<()> + Sync,
 {
     let started = Instant::now();
     let results: Vec<anyhow::Result<Vec<u32>>> = std::thread::scope(|s| {
@@ -247,7 +351,7 @@ where
             .map(|t| {
                 let op = &op;
                 s.spawn(move || {
-                    let mut scratch = Vec::new();
+                    let mut scratch = S::default();
                     let mut lat = Vec::with_capacity((count / threads as u64 + 1) as usize);
                     for i in (t..count).step_by(threads) {
                         let t0 = Instant::now();

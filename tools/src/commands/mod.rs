@@ -7,6 +7,7 @@ pub mod init;
 pub mod inspect;
 pub mod keys;
 pub mod ls;
+pub mod mount;
 pub mod stat;
 
 use std::path::Path;

@@ -1,15 +1,18 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use kvhoard_engine::tier::TierStats;
 use kvhoard_engine::{Stats, StoreOptions};
 
 use super::open;
 use crate::size::human;
 
-pub fn run(volume: &Path, json: bool, opts: StoreOptions) -> anyhow::Result<ExitCode> {
+pub fn run(volume: &Path, json: bool, prometheus: bool, opts: StoreOptions) -> anyhow::Result<ExitCode> {
     let store = open(volume, opts)?;
     let s = store.stats();
-    if json {
+    if prometheus {
+        print!("{}", s.prometheus());
+    } else if json {
         println!("{}", to_json(&s));
     } else {
         print_human(volume, &s);
@@ -48,7 +51,21 @@ pub fn to_json(s: &Stats) -> serde_json::Value {
             "evicted_keys": s.evicted_keys, "evicted_blocks": s.evicted_blocks, "evicted_bytes": s.evicted_bytes,
             "segments_reclaimed": s.segments_reclaimed, "read_errors": s.read_errors,
         },
+        "tiers": s.tiers.iter().map(tier_json).collect::<Vec<_>>(),
         "writes_refused": s.poisoned,
+    })
+}
+
+pub fn tier_json(t: &TierStats) -> serde_json::Value {
+    let l = &t.load_latency;
+    serde_json::json!({
+        "tier": t.tier, "capacity_bytes": t.capacity_bytes, "resident_bytes": t.resident_bytes,
+        "entries": t.entries, "hits": t.hits, "misses": t.misses, "hit_bytes": t.hit_bytes,
+        "admitted": t.admitted, "rejected": t.rejected, "evictions": t.evictions,
+        "load_latency_ns": {
+            "count": l.count, "mean": l.mean_ns, "p50": l.p50_ns, "p90": l.p90_ns, "p99": l.p99_ns,
+            "p999": l.p999_ns, "max": l.max_ns,
+        },
     })
 }
 
@@ -89,7 +106,25 @@ fn print_human(volume: &Path, s: &Stats) {
     for n in &s.namespaces {
         println!("namespace  {:<24} {:>10} keys {:>10} blocks {:>12}", n.name, n.keys, n.blocks, human(n.unique_bytes));
     }
+    for t in &s.tiers {
+        let l = &t.load_latency;
+        println!(
+            "tier       {:<5} {} of {} in {} blocks; {} hits, {} misses; load p50 {} p99 {}",
+            t.tier,
+            human(t.resident_bytes),
+            human(t.capacity_bytes),
+            t.entries,
+            t.hits,
+            t.misses,
+            micros(l.p50_ns),
+            micros(l.p99_ns)
+        );
+    }
     if let Some(reason) = &s.poisoned {
         println!("WRITES REFUSED: {reason}");
     }
+}
+
+fn micros(ns: u64) -> String {
+    format!("{:.1} µs", ns as f64 / 1000.0)
 }

@@ -1,0 +1,96 @@
+//! The statistics in the Prometheus text exposition format (version 0.0.4).
+
+use std::fmt::Write as _;
+
+use super::Stats;
+
+impl Stats {
+    /// The statistics as Prometheus metrics: gauges for state, `_total` counters for what
+    /// happened since the store was opened, and per-tier series labelled `tier`.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+            let _ = writeln!(out, "# HELP kvhoard_{name} {help}\n# TYPE kvhoard_{name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "kvhoard_{name}{labels} {value}");
+            }
+        };
+        let one = |v: u64| [(String::new(), v as f64)];
+        for (name, help, v) in [
+            ("capacity_bytes", "Bytes of the volume's segments.", self.capacity_bytes),
+            ("used_bytes", "Bytes of the log in use.", self.used_bytes),
+            ("live_bytes", "Bytes of records still named by a key.", self.live_bytes),
+            ("keys", "Live keys.", self.keys),
+            ("blocks", "Distinct stored blocks.", self.blocks),
+            ("logical_bytes", "Sum of the sizes of the keys' blocks.", self.logical_bytes),
+            ("unique_bytes", "Raw bytes of the distinct blocks.", self.unique_bytes),
+            ("index_memory_bytes", "Memory of the in-memory index.", self.index_memory_bytes),
+            ("segments_free", "Segments free for writing.", u64::from(self.segments_free)),
+            (
+                "writes_refused",
+                "1 if writes are refused after a failed write or sync.",
+                u64::from(self.poisoned.is_some()),
+            ),
+        ] {
+            metric(name, "gauge", help, &one(v));
+        }
+        for (name, help, v) in [
+            ("puts_total", "Blocks put (including deduplicated ones).", self.puts),
+            ("put_bytes_total", "Bytes written for puts.", self.put_bytes),
+            ("dedup_hits_total", "Puts whose bytes were already stored.", self.dedup_hits),
+            ("gets_total", "Gets.", self.gets),
+            ("get_hits_total", "Gets that returned a block.", self.hits),
+            ("get_misses_total", "Gets that found nothing.", self.misses),
+            ("get_bytes_total", "Bytes returned by gets.", self.get_bytes),
+            ("read_errors_total", "Blocks found damaged on read (served as misses).", self.read_errors),
+            ("deletes_total", "Keys deleted.", self.deletes),
+            ("evicted_keys_total", "Keys dropped by segment reclaim.", self.evicted_keys),
+            ("evicted_bytes_total", "Bytes dropped by segment reclaim.", self.evicted_bytes),
+            ("segments_reclaimed_total", "Segments reclaimed.", self.segments_reclaimed),
+            ("checkpoints_total", "Checkpoints written.", self.checkpoints),
+            ("syncs_total", "fdatasync calls.", self.syncs),
+        ] {
+            metric(name, "counter", help, &one(v));
+        }
+        let per_tier = |f: &dyn Fn(&crate::tier::TierStats) -> f64| -> Vec<(String, f64)> {
+            self.tiers.iter().map(|t| (format!("{{tier=\"{}\"}}", t.tier), f(t))).collect()
+        };
+        for (name, kind, help, f) in [
+            (
+                "tier_capacity_bytes",
+                "gauge",
+                "Bytes the tier may hold.",
+                &(|t: &crate::tier::TierStats| t.capacity_bytes) as &dyn Fn(&crate::tier::TierStats) -> u64,
+            ),
+            ("tier_resident_bytes", "gauge", "Bytes the tier holds.", &|t| t.resident_bytes),
+            ("tier_entries", "gauge", "Blocks the tier holds.", &|t| t.entries),
+            ("tier_hits_total", "counter", "Loads served by the tier.", &|t| t.hits),
+            ("tier_misses_total", "counter", "Loads that reached the tier and were not served by it.", &|t| t.misses),
+            ("tier_hit_bytes_total", "counter", "Bytes served by the tier.", &|t| t.hit_bytes),
+            ("tier_admitted_total", "counter", "Blocks admitted to the tier.", &|t| t.admitted),
+            ("tier_rejected_total", "counter", "Blocks the tier turned away.", &|t| t.rejected),
+            ("tier_evictions_total", "counter", "Blocks evicted from the tier.", &|t| t.evictions),
+        ] {
+            metric(name, kind, help, &per_tier(&|t| f(t) as f64));
+        }
+        let mut latency = Vec::new();
+        for t in &self.tiers {
+            let l = &t.load_latency;
+            for (q, v) in [("0.5", l.p50_ns), ("0.9", l.p90_ns), ("0.99", l.p99_ns), ("0.999", l.p999_ns)] {
+                latency.push((format!("{{tier=\"{}\",quantile=\"{q}\"}}", t.tier), v as f64 / 1e9));
+            }
+        }
+        metric("tier_load_latency_seconds", "summary", "Latency of the loads a tier served.", &latency);
+        for t in &self.tiers {
+            let l = &t.load_latency;
+            let _ = writeln!(
+                out,
+                "kvhoard_tier_load_latency_seconds_sum{{tier=\"{}\"}} {}",
+                t.tier,
+                (l.mean_ns as f64 * l.count as f64) / 1e9
+            );
+            let _ = writeln!(out, "kvhoard_tier_load_latency_seconds_count{{tier=\"{}\"}} {}", t.tier, l.count);
+        }
+        out
+    }
+}

@@ -1,0 +1,153 @@
+//! Many threads putting, deleting and getting at once, against a reference model, with the
+//! volume reopened between rounds; on the io_uring and the pread backends, with and without a
+//! DRAM tier. Every value names its writer, key and version and is derived from them, so a
+//! reader can tell a right block from a wrong or mixed one, and an old version from a new one.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use kvhoard_engine::{CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_tests::{block, Rng};
+
+const WRITERS: u32 = 4;
+const READERS: u32 = 2;
+const KEYS: u32 = 24;
+const OPS: u32 = 150;
+const ROUNDS: u32 = 3;
+const DELETED: u64 = u64::MAX;
+
+fn key(t: u32, k: u32) -> String {
+    format!("w{t}/k{k}")
+}
+
+fn value(t: u32, k: u32, version: u64) -> Vec<u8> {
+    let seed = (u64::from(t) << 48) ^ (u64::from(k) << 32) ^ version;
+    let len = 16 + (seed.wrapping_mul(0x9E37_79B9) % 40_000) as usize;
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&t.to_le_bytes());
+    v.extend_from_slice(&k.to_le_bytes());
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend_from_slice(&block(seed, len - 16));
+    v
+}
+
+/// The version a value says it is, after checking that every byte is what that version holds.
+fn check(t: u32, k: u32, bytes: &[u8]) -> u64 {
+    assert!(bytes.len() >= 16, "{}: a block of {} bytes is too short to be a value", key(t, k), bytes.len());
+    let word = |r: std::ops::Range<usize>| bytes.get(r).map(|b| b.to_vec()).unwrap_or_default();
+    let version = u64::from_le_bytes(word(8..16).try_into().unwrap());
+    assert_eq!(word(0..8), [t.to_le_bytes(), k.to_le_bytes()].concat(), "{}: another key's block", key(t, k));
+    assert!(bytes == value(t, k, version).as_slice(), "{}: version {version} has wrong bytes", key(t, k));
+    version
+}
+
+fn run(io_backend: IoBackend, dram_tier_bytes: u64) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let opts = StoreOptions { io_backend, dram_tier_bytes, ..StoreOptions::default() };
+    let create = CreateOptions { capacity_bytes: Some(256 << 20), segment_size_bytes: 4 << 20 };
+    let mut store = Store::create(dir.path(), &create, opts.clone()).unwrap();
+    // acked[t][k]: the last version whose put (or delete) returned, DELETED after a delete.
+    let acked: Vec<Vec<AtomicU64>> =
+        (0..WRITERS).map(|_| (0..KEYS).map(|_| AtomicU64::new(DELETED)).collect()).collect();
+    let mut next_version = vec![vec![0u64; KEYS as usize]; WRITERS as usize];
+    for round in 0..ROUNDS {
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let mut writers = Vec::new();
+            for (t, versions) in next_version.iter_mut().enumerate() {
+                let (store, acked) = (&store, &acked);
+                let t = t as u32;
+                writers.push(s.spawn(move || {
+                    let mut rng = Rng::new(u64::from(round * 100 + t));
+                    for _ in 0..OPS {
+                        let k = rng.below(u64::from(KEYS)) as u32;
+                        let slot = &acked[t as usize][k as usize];
+                        let durability =
+                            [Durability::Buffered, Durability::Written, Durability::Synced][rng.below(3) as usize];
+                        if rng.below(10) == 0 {
+                            store.delete("default", &key(t, k), durability).unwrap();
+                            slot.store(DELETED, Ordering::SeqCst);
+                        } else {
+                            let v = &mut versions[k as usize];
+                            *v += 1;
+                            let opts = PutOptions { durability, ..PutOptions::default() };
+                            store.put("default", &key(t, k), &value(t, k, *v), &opts).unwrap();
+                            slot.store(*v, Ordering::SeqCst);
+                        }
+                    }
+                }));
+            }
+            for r in 0..READERS {
+                let (store, acked, done) = (&store, &acked, &done);
+                s.spawn(move || {
+                    let mut rng = Rng::new(u64::from(1000 + round * 10 + r));
+                    while !done.load(Ordering::SeqCst) {
+                        let (t, k) = (rng.below(u64::from(WRITERS)) as u32, rng.below(u64::from(KEYS)) as u32);
+                        let floor = acked[t as usize][k as usize].load(Ordering::SeqCst);
+                        match store.get("default", &key(t, k), ReadOptions::default()).unwrap() {
+                            Some(b) => {
+                                let v = check(t, k, &b);
+                                assert!(
+                                    floor == DELETED || v >= floor,
+                                    "{}: read version {v} after {floor} was acknowledged",
+                                    key(t, k)
+                                );
+                            }
+                            // Only a delete (acknowledged or in flight) makes a key disappear.
+                            None => {}
+                        }
+                    }
+                });
+            }
+            for w in writers {
+                if let Err(panic) = w.join() {
+                    done.store(true, Ordering::SeqCst);
+                    std::panic::resume_unwind(panic);
+                }
+            }
+            done.store(true, Ordering::SeqCst);
+        });
+        verify(&store, &acked, round);
+        store.close().unwrap();
+        drop(store);
+        store = Store::open(dir.path(), opts.clone()).unwrap();
+        verify(&store, &acked, round);
+        assert_eq!(store.stats().evicted_keys, 0, "the volume is large enough never to evict");
+    }
+}
+
+/// Every key holds exactly its last acknowledged version.
+fn verify(store: &Store, acked: &[Vec<AtomicU64>], round: u32) {
+    for t in 0..WRITERS {
+        for k in 0..KEYS {
+            let want = acked[t as usize][k as usize].load(Ordering::SeqCst);
+            let got = store.get("default", &key(t, k), ReadOptions { verify_hash: true }).unwrap();
+            match (want, got) {
+                (DELETED, None) => {}
+                (DELETED, Some(_)) => panic!("round {round}: {} was deleted but is back", key(t, k)),
+                (v, Some(b)) => assert_eq!(check(t, k, &b), v, "round {round}: {}", key(t, k)),
+                (v, None) => panic!("round {round}: {} version {v} is missing", key(t, k)),
+            }
+        }
+    }
+    assert_eq!(store.stats().read_errors, 0);
+}
+
+#[test]
+fn threads_on_io_uring_agree_with_the_model() {
+    run(IoBackend::IoUring, 0);
+}
+
+#[test]
+fn threads_on_io_uring_with_a_dram_tier_agree_with_the_model() {
+    run(IoBackend::IoUring, 1 << 20);
+}
+
+#[test]
+fn threads_on_pread_agree_with_the_model() {
+    run(IoBackend::Pread, 0);
+}
+
+#[test]
+fn threads_on_pread_with_a_dram_tier_agree_with_the_model() {
+    run(IoBackend::Pread, 1 << 20);
+}
