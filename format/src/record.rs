@@ -74,6 +74,8 @@ pub enum Dtype {
     F8E5M2 = 5,
     /// Unsigned bytes.
     U8 = 6,
+    /// IEEE double precision.
+    F64 = 7,
 }
 
 impl Dtype {
@@ -83,6 +85,7 @@ impl Dtype {
             Dtype::Bytes | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::U8 => 1,
             Dtype::F16 | Dtype::Bf16 => 2,
             Dtype::F32 => 4,
+            Dtype::F64 => 8,
         }
     }
 
@@ -95,6 +98,7 @@ impl Dtype {
             4 => Dtype::F8E4M3,
             5 => Dtype::F8E5M2,
             6 => Dtype::U8,
+            7 => Dtype::F64,
             _ => return Err(FormatError::invalid(WHAT, "dtype", format!("unknown dtype code {v}"))),
         })
     }
@@ -110,6 +114,20 @@ pub enum Layout {
     Kv2Ltd = 1,
     /// vLLM paged: `[2, blocks, block_size, kv_heads, head_dim]`.
     VllmPaged = 2,
+    /// LMCache `KV_T2D`: `[tokens, 2, hidden]`.
+    KvT2d = 3,
+    /// LMCache `KV_2TD`: `[2, tokens, hidden]`.
+    Kv2Td = 4,
+    /// LMCache `BINARY`: serialized bytes.
+    Binary = 5,
+    /// LMCache `BINARY_BUFFER`: serialized bytes in a reusable buffer.
+    BinaryBuffer = 6,
+    /// LMCache `KV_MLA_FMT`: `[layers, tokens, latent]` (one shared latent per token).
+    KvMla = 7,
+    /// LMCache `EC_TD`: encoder cache, `[tokens, hidden]`.
+    EcTd = 8,
+    /// LMCache `HS_TD`: hidden states, `[tokens, hidden]`.
+    HsTd = 9,
 }
 
 impl Layout {
@@ -118,6 +136,13 @@ impl Layout {
             0 => Layout::Opaque,
             1 => Layout::Kv2Ltd,
             2 => Layout::VllmPaged,
+            3 => Layout::KvT2d,
+            4 => Layout::Kv2Td,
+            5 => Layout::Binary,
+            6 => Layout::BinaryBuffer,
+            7 => Layout::KvMla,
+            8 => Layout::EcTd,
+            9 => Layout::HsTd,
             _ => return Err(FormatError::invalid(WHAT, "layout", format!("unknown layout code {v}"))),
         })
     }
@@ -125,9 +150,18 @@ impl Layout {
     /// The number of dimensions this layout requires, if it fixes one.
     pub fn ndim(self) -> Option<usize> {
         match self {
-            Layout::Opaque => None,
             Layout::Kv2Ltd => Some(4),
             Layout::VllmPaged => Some(5),
+            // LMCache's other formats vary in rank between versions; their shape is only checked
+            // against the length.
+            Layout::Opaque
+            | Layout::KvT2d
+            | Layout::Kv2Td
+            | Layout::Binary
+            | Layout::BinaryBuffer
+            | Layout::KvMla
+            | Layout::EcTd
+            | Layout::HsTd => None,
         }
     }
 }

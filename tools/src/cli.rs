@@ -215,6 +215,70 @@ pub enum Command {
         #[arg(long)]
         allow_other: bool,
     },
+    /// Serve a volume to LMCache over the network, in the foreground.
+    ///
+    /// --lm speaks LMCache's own `lm://` protocol (point `remote_url: "lm://HOST:PORT"` at it);
+    /// --resp speaks the Redis protocol subset of LMCache's `resp://` and `redis://` connectors;
+    /// --metrics serves Prometheus metrics at http://ADDR/metrics. ADDR is PORT (on 127.0.0.1),
+    /// HOST:PORT or [IPv6]:PORT. Only loopback addresses are allowed unless --allow-remote is
+    /// given, and a non-loopback RESP listener needs a password (--resp-password-file or the
+    /// KVHOARD_RESP_PASSWORD environment variable). Keys are stored as LMCache sends them, with
+    /// each chunk's format, dtype and shape, and stay across restarts. Stops on Ctrl-C or
+    /// SIGTERM: requests in progress finish, then the volume is closed. See docs/lmcache.md.
+    Serve {
+        /// Directory or block device.
+        volume: PathBuf,
+        /// Address for LMCache's lm:// protocol.
+        #[arg(long, value_name = "ADDR")]
+        lm: Option<String>,
+        /// Address for RESP (LMCache's resp:// and redis:// connectors).
+        #[arg(long, value_name = "ADDR")]
+        resp: Option<String>,
+        /// Address for Prometheus metrics over HTTP (GET /metrics).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
+        /// Allow listening on addresses other than loopback.
+        #[arg(long)]
+        allow_remote: bool,
+        /// Namespace for keys stored through lm://.
+        #[arg(long, default_value = "lmcache", value_name = "NS")]
+        lm_namespace: String,
+        /// Namespace for keys stored through RESP.
+        #[arg(long, default_value = "lmcache", value_name = "NS")]
+        resp_namespace: String,
+        /// File whose first line is the password RESP clients must AUTH with.
+        #[arg(long, value_name = "FILE")]
+        resp_password_file: Option<PathBuf>,
+        /// Largest object accepted; larger ones are refused (read and dropped).
+        #[arg(long, value_parser = parse_size, default_value = "256MiB", value_name = "SIZE")]
+        max_object_size: u64,
+        /// Most connections at once; more are closed as they arrive.
+        #[arg(long, default_value_t = 1024, value_name = "N")]
+        max_connections: usize,
+        /// Payload bytes held in memory at once over all connections; requests wait for room.
+        #[arg(long, value_parser = parse_size, default_value = "2GiB", value_name = "SIZE")]
+        max_inflight: u64,
+        /// Seconds a client may stall in the middle of a request before it is disconnected (also
+        /// how long shutdown waits for requests in progress).
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        request_timeout: u64,
+        /// Seconds a connection may sit idle between requests (0 = forever; LMCache keeps its
+        /// connections open).
+        #[arg(long, default_value_t = 0, value_name = "SECS")]
+        idle_timeout: u64,
+        /// Durability of stored objects (see put); a RESP SET is answered at this level.
+        #[arg(long, default_value = "written", value_parser = parse_durability, value_name = "LEVEL")]
+        durability: Durability,
+        /// Seconds until every stored object expires (RESP SET EX/PX overrides).
+        #[arg(long, value_name = "SECS")]
+        ttl: Option<u32>,
+        /// Bytes of objects to keep in a DRAM tier above the log (0 = none).
+        #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
+        dram_tier: u64,
+        /// Network threads.
+        #[arg(long, default_value_t = 4, value_name = "N")]
+        threads: usize,
+    },
     /// Check a volume and, with --repair, repair it.
     ///
     /// Reads the volume through its on-disk format (so it works on a volume the engine refuses to

@@ -40,6 +40,44 @@ fn main() -> ExitCode {
             let opts = kvhoard_engine::StoreOptions { dram_tier_bytes: dram_tier, ..opts };
             commands::mount::run(&volume, &mountpoint, threads, durability, allow_other, opts)
         }
+        Command::Serve {
+            volume,
+            lm,
+            resp,
+            metrics,
+            allow_remote,
+            lm_namespace,
+            resp_namespace,
+            resp_password_file,
+            max_object_size,
+            max_connections,
+            max_inflight,
+            request_timeout,
+            idle_timeout,
+            durability,
+            ttl,
+            dram_tier,
+            threads,
+        } => {
+            let args = commands::serve::ServeArgs {
+                lm,
+                resp,
+                metrics,
+                allow_remote,
+                lm_namespace,
+                resp_namespace,
+                resp_password_file,
+                max_object_size,
+                max_connections,
+                max_inflight,
+                request_timeout_secs: request_timeout,
+                idle_timeout_secs: idle_timeout,
+                durability,
+                ttl,
+                threads,
+            };
+            commands::serve::run(&volume, &args, kvhoard_engine::StoreOptions { dram_tier_bytes: dram_tier, ..opts })
+        }
         Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
         Command::Inspect { volume, what, namespace, json } => commands::inspect::run(&volume, what, &namespace, json),
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),

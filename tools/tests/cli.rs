@@ -100,7 +100,7 @@ fn errors_are_plain_words_with_a_way_forward() {
 #[test]
 fn every_subcommand_has_complete_help() {
     let top = ok(&["--help"]);
-    for sub in ["init", "put", "get", "stat", "ls", "rm", "demo", "bench", "fsck", "inspect"] {
+    for sub in ["init", "put", "get", "stat", "ls", "rm", "demo", "bench", "fsck", "inspect", "mount", "serve"] {
         assert!(top.contains(sub), "--help does not mention {sub}");
         let help = ok(&[sub, "--help"]);
         assert!(help.contains("Usage: kvhoard"), "{sub} --help: {help}");
@@ -216,4 +216,59 @@ fn inspect_json_agrees_with_the_engine_and_fsck_exit_codes_follow_e2fsck() {
     assert_eq!(kvhoard(&["get", vol, "k4"]).stdout, sources[4]);
     assert_eq!(code(&["get", vol, "k2"]), 3);
     assert_eq!(code(&["fsck", p(dir.path())]), 8);
+}
+
+/// Starts `kvhoard serve` and returns it with the addresses it printed.
+fn serve(vol: &str) -> (std::process::Child, std::io::BufReader<std::process::ChildStderr>, String, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvhoard"))
+        .args(["serve", vol, "--lm", "0", "--resp", "0", "--dram-tier", "0"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = |scheme: &str| {
+        let start = line.find(scheme).unwrap_or_else(|| panic!("no {scheme} in {line:?}")) + scheme.len();
+        line[start..].split(' ').next().unwrap().to_string()
+    };
+    let (lm, resp) = (addr("lm://"), addr("resp://"));
+    (child, err, lm, resp)
+}
+
+#[test]
+fn serve_stops_cleanly_on_sigterm_and_keeps_what_it_stored() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let vol = p(&vol);
+    ok(&["init", vol, "--capacity", "64MiB", "--segment-size", "4MiB"]);
+    let (mut child, mut err, _lm, resp) = serve(vol);
+    let mut c = std::net::TcpStream::connect(&resp).unwrap();
+    c.write_all(b"*3\r\n$3\r\nSET\r\n$9\r\nm/x@1@0@1\r\n$5\r\nhello\r\n").unwrap();
+    let mut reply = [0u8; 5];
+    c.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"+OK\r\n");
+    // SAFETY: kill sends a signal to the child's pid; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{rest}");
+    assert!(rest.contains("volume closed"), "{rest}");
+    assert_eq!(ok(&["get", vol, "m/x@1@0@1", "-n", "lmcache"]), "hello");
+    let (mut child, _err, _, resp) = serve(vol);
+    let mut c = std::net::TcpStream::connect(&resp).unwrap();
+    c.write_all(b"GET m/x@1@0@1\r\n").unwrap();
+    let mut reply = [0u8; 11];
+    c.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"$5\r\nhello\r\n");
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert!(child.wait().unwrap().success());
+    let refused = kvhoard(&["serve", vol, "--lm", "0.0.0.0:0"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--allow-remote"));
 }

@@ -8,6 +8,8 @@ pub mod inspect;
 pub mod keys;
 pub mod ls;
 pub mod mount;
+pub mod serve;
+pub mod signals;
 pub mod stat;
 
 use std::path::Path;

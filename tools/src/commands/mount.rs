@@ -10,6 +10,7 @@ use kvhoard_engine::{Durability, StoreOptions};
 use kvhoard_fuse::MountOptions;
 
 use super::open;
+use super::signals::{block_signals, wait_signal};
 
 pub fn run(
     volume: &Path,
@@ -46,25 +47,4 @@ pub fn run(
     store.close().context("closing the volume")?;
     eprintln!("kvhoard: {} unmounted ({why}), volume closed", mountpoint.display());
     Ok(ExitCode::SUCCESS)
-}
-
-fn block_signals() -> libc::sigset_t {
-    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::zeroed();
-    // SAFETY: sigemptyset initialises the set it is given; sigaddset and pthread_sigmask read a
-    // valid, initialised set; none of them keeps the pointer.
-    unsafe {
-        libc::sigemptyset(set.as_mut_ptr());
-        libc::sigaddset(set.as_mut_ptr(), libc::SIGINT);
-        libc::sigaddset(set.as_mut_ptr(), libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, set.as_ptr(), std::ptr::null_mut());
-        set.assume_init()
-    }
-}
-
-fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
-    let ts =
-        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: set is an initialised signal set, ts a valid timespec; a null siginfo is allowed.
-    let sig = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
-    (sig > 0).then_some(sig)
 }

@@ -1,0 +1,266 @@
+//! kvhoard as a network server for LMCache.
+//!
+//! Three listeners over one [`Store`], each optional:
+//!
+//! - `lm`: LMCache's own `lm://` protocol ([`lm::wire`]), byte for byte as lmcache 0.5.6 speaks
+//!   it, with each chunk's format, dtype and shape kept in its block record;
+//! - `resp`: the RESP subset LMCache's `resp://` (native C++ client) and `redis://` (redis-py)
+//!   connectors use ([`resp`]);
+//! - `metrics`: Prometheus metrics over HTTP ([`metrics`]).
+//!
+//! The server runs on its own tokio runtime ([`start`] returns a [`Running`] handle), so callers
+//! stay synchronous. Engine calls that may touch the disk run on the runtime's blocking pool;
+//! payload memory is bounded by a byte budget shared by all connections ([`budget`]), and the
+//! number of connections by a limit; one misbehaving client costs only its own connection.
+
+pub mod budget;
+mod conn;
+pub mod lm;
+pub mod metrics;
+pub mod resp;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvhoard_engine::pool::BufferPool;
+use kvhoard_engine::{Durability, Store};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::budget::Budget;
+use crate::metrics::{Metrics, Proto};
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Address for `lm://`, if any.
+    pub lm: Option<SocketAddr>,
+    /// Address for RESP, if any.
+    pub resp: Option<SocketAddr>,
+    /// Address for Prometheus metrics over HTTP, if any.
+    pub metrics: Option<SocketAddr>,
+    /// Namespace the `lm://` listener stores keys in.
+    pub lm_namespace: String,
+    /// Namespace the RESP listener stores keys in.
+    pub resp_namespace: String,
+    /// Password RESP clients must give with AUTH (or HELLO ... AUTH) before anything else.
+    pub resp_password: Option<String>,
+    /// Largest payload accepted (bytes).
+    pub max_object_bytes: u64,
+    /// Most connections at once over all listeners; more are closed when accepted.
+    pub max_connections: usize,
+    /// Bytes of payload held in memory at once over all connections; a request waits for room.
+    pub inflight_bytes: u64,
+    /// A client that starts a request and then makes no progress for this long is disconnected.
+    pub request_timeout: Duration,
+    /// A client idle between requests for this long is disconnected (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// When a stored object is acknowledged (RESP SET) or counted as stored (lm:// PUT).
+    pub durability: Durability,
+    /// TTL given to every stored object, unless the client sets one (RESP `SET ... EX`).
+    pub ttl_secs: Option<u32>,
+    /// Runtime threads for the network.
+    pub threads: usize,
+    /// Most threads running engine calls at once.
+    pub blocking_threads: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            lm: None,
+            resp: None,
+            metrics: None,
+            lm_namespace: "lmcache".into(),
+            resp_namespace: "lmcache".into(),
+            resp_password: None,
+            max_object_bytes: 256 << 20,
+            max_connections: 1024,
+            inflight_bytes: 2 << 30,
+            request_timeout: Duration::from_secs(30),
+            idle_timeout: None,
+            durability: Durability::Written,
+            ttl_secs: None,
+            threads: 4,
+            blocking_threads: 64,
+        }
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// No listener was asked for.
+    #[error("nothing to serve: give at least one of --lm, --resp")]
+    NoListener,
+    /// A listener could not bind.
+    #[error("cannot listen on {addr} for {what}: {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The runtime could not start.
+    #[error("cannot start the server's threads: {0}")]
+    Runtime(std::io::Error),
+    /// An option is out of range.
+    #[error("invalid option: {0}")]
+    Invalid(String),
+}
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub store: Arc<Store>,
+    pub opts: ServeOptions,
+    pub metrics: Arc<Metrics>,
+    pub budget: Budget,
+    /// Payload buffers, recycled.
+    pub pool: Arc<BufferPool>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// The addresses actually bound (a port 0 becomes the port the kernel chose).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Addresses {
+    /// `lm://` listener.
+    pub lm: Option<SocketAddr>,
+    /// RESP listener.
+    pub resp: Option<SocketAddr>,
+    /// Metrics listener.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// A running server.
+pub struct Running {
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: watch::Sender<bool>,
+    accept: Vec<JoinHandle<()>>,
+    connections: Arc<Semaphore>,
+    max_connections: u32,
+    addrs: Addresses,
+    metrics: Arc<Metrics>,
+}
+
+/// How a shutdown went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Connections still busy when the grace period ended (their requests were cut off).
+    pub connections_cut: usize,
+}
+
+/// Binds the listeners and starts serving `store`.
+pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeError> {
+    if opts.lm.is_none() && opts.resp.is_none() {
+        return Err(ServeError::NoListener);
+    }
+    if opts.max_object_bytes > i32::MAX as u64 {
+        return Err(ServeError::Invalid(format!(
+            "max object size {} bytes is more than lm:// can carry ({} bytes)",
+            opts.max_object_bytes,
+            i32::MAX
+        )));
+    }
+    if opts.inflight_bytes < opts.max_object_bytes {
+        return Err(ServeError::Invalid(format!(
+            "in-flight budget {} bytes is smaller than the largest object ({} bytes); raise it or lower the max object size",
+            opts.inflight_bytes, opts.max_object_bytes
+        )));
+    }
+    let max_connections = u32::try_from(opts.max_connections.clamp(1, Semaphore::MAX_PERMITS.min(1 << 20)))
+        .map_err(|_| ServeError::Invalid("max connections out of range".into()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(opts.threads.max(1))
+        .max_blocking_threads(opts.blocking_threads.max(1))
+        .thread_name("kvhoard-serve")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let bind = |what: &'static str, addr: Option<SocketAddr>| {
+        addr.map(|addr| {
+            runtime.block_on(TcpListener::bind(addr)).map_err(|source| ServeError::Bind { what, addr, source })
+        })
+        .transpose()
+    };
+    let lm = bind("lm://", opts.lm)?;
+    let resp = bind("RESP", opts.resp)?;
+    let http = bind("metrics", opts.metrics)?;
+    let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+    let addrs = Addresses { lm: local(&lm), resp: local(&resp), metrics: local(&http) };
+
+    let (stop, shutdown) = watch::channel(false);
+    let metrics = Arc::new(Metrics::default());
+    // Recycle up to a quarter of the budget in idle buffers; the rest is returned to the system.
+    let pool_bytes = usize::try_from(opts.inflight_bytes / 4).unwrap_or(usize::MAX);
+    let shared = Arc::new(Shared {
+        store,
+        budget: Budget::new(opts.inflight_bytes),
+        pool: BufferPool::new(64, pool_bytes),
+        metrics: Arc::clone(&metrics),
+        shutdown,
+        opts,
+    });
+    let connections = Arc::new(Semaphore::new(max_connections as usize));
+    let mut accept = Vec::new();
+    for (listener, proto) in [(lm, Proto::Lm), (resp, Proto::Resp)] {
+        if let Some(listener) = listener {
+            let task = conn::accept_loop(listener, proto, Arc::clone(&shared), Arc::clone(&connections));
+            accept.push(runtime.spawn(task));
+        }
+    }
+    if let Some(listener) = http {
+        accept.push(runtime.spawn(metrics::http::serve(listener, Arc::clone(&shared))));
+    }
+    Ok(Running { runtime: Some(runtime), stop, accept, connections, max_connections, addrs, metrics })
+}
+
+impl Running {
+    /// Where the listeners are.
+    pub fn addrs(&self) -> Addresses {
+        self.addrs
+    }
+
+    /// The server's own counters (the store has its own statistics).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Stops accepting, lets requests in progress finish for up to `grace`, then stops. Idle
+    /// connections are closed at once. The store is left open: the caller closes it.
+    pub fn shutdown(mut self, grace: Duration) -> ShutdownReport {
+        let _ = self.stop.send(true);
+        let Some(runtime) = self.runtime.take() else {
+            return ShutdownReport { connections_cut: 0 };
+        };
+        let accept = std::mem::take(&mut self.accept);
+        let connections = Arc::clone(&self.connections);
+        let max = self.max_connections;
+        let cut = runtime.block_on(async move {
+            for task in accept {
+                let _ = task.await;
+            }
+            // Every connection holds one permit until it ends; all permits back = all done.
+            match tokio::time::timeout(grace, connections.acquire_many(max)).await {
+                Ok(_) => 0,
+                Err(_) => max as usize - connections.available_permits(),
+            }
+        });
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        ShutdownReport { connections_cut: cut }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}

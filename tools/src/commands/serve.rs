@@ -1,0 +1,193 @@
+//! `kvhoard serve`: serves a volume to LMCache over lm:// and RESP until SIGINT or SIGTERM.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use kvhoard_engine::{Durability, StoreOptions};
+use kvhoard_serve::ServeOptions;
+
+use super::open;
+use super::signals::{block_signals, wait_signal};
+
+/// The command line of `serve`, parsed.
+pub struct ServeArgs {
+    pub lm: Option<String>,
+    pub resp: Option<String>,
+    pub metrics: Option<String>,
+    pub allow_remote: bool,
+    pub lm_namespace: String,
+    pub resp_namespace: String,
+    pub resp_password_file: Option<PathBuf>,
+    pub max_object_size: u64,
+    pub max_connections: usize,
+    pub max_inflight: u64,
+    pub request_timeout_secs: u64,
+    pub idle_timeout_secs: u64,
+    pub durability: Durability,
+    pub ttl: Option<u32>,
+    pub threads: usize,
+}
+
+/// Environment variable holding the RESP password (instead of --resp-password-file).
+const PASSWORD_ENV: &str = "KVHOARD_RESP_PASSWORD";
+
+/// `PORT`, `HOST:PORT` or `[V6]:PORT`; a bare port listens on 127.0.0.1.
+pub fn parse_addr(s: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.to_socket_addrs()
+        .with_context(|| format!("{s:?} is not an address: use PORT, HOST:PORT or [IPv6]:PORT"))?
+        .next()
+        .with_context(|| format!("{s:?} resolves to no address"))
+}
+
+fn is_local(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+fn password(args: &ServeArgs) -> anyhow::Result<Option<String>> {
+    if let Some(path) = &args.resp_password_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the RESP password from {}", path.display()))?;
+        let pass = text.trim_end_matches(['\r', '\n']).to_string();
+        if pass.is_empty() {
+            bail!("{} is empty: put the RESP password in it", path.display());
+        }
+        return Ok(Some(pass));
+    }
+    Ok(std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty()))
+}
+
+fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
+    let addr = |s: &Option<String>| s.as_deref().map(parse_addr).transpose();
+    let (lm, resp, metrics) = (addr(&args.lm)?, addr(&args.resp)?, addr(&args.metrics)?);
+    if lm.is_none() && resp.is_none() {
+        bail!("nothing to serve: give --lm ADDR (LMCache's lm://), --resp ADDR (resp:// and redis://), or both");
+    }
+    let resp_password = password(args)?;
+    for (what, a) in [("--lm", lm), ("--resp", resp), ("--metrics", metrics)] {
+        if let Some(a) = a.filter(|a| !is_local(a.ip())) {
+            if !args.allow_remote {
+                bail!(
+                    "{what} {a} listens beyond this machine, where anyone who can reach it can read and overwrite \
+                     every cached object; pass --allow-remote if that is what you want"
+                );
+            }
+            if what == "--resp" && resp_password.is_none() {
+                bail!(
+                    "--resp {a} listens beyond this machine without a password; set one with --resp-password-file \
+                     FILE or {PASSWORD_ENV}"
+                );
+            }
+        }
+    }
+    Ok(ServeOptions {
+        lm,
+        resp,
+        metrics,
+        lm_namespace: args.lm_namespace.clone(),
+        resp_namespace: args.resp_namespace.clone(),
+        resp_password,
+        max_object_bytes: args.max_object_size,
+        max_connections: args.max_connections,
+        inflight_bytes: args.max_inflight,
+        request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+        idle_timeout: (args.idle_timeout_secs > 0).then(|| Duration::from_secs(args.idle_timeout_secs)),
+        durability: args.durability,
+        ttl_secs: args.ttl,
+        threads: args.threads,
+        ..ServeOptions::default()
+    })
+}
+
+pub fn run(volume: &Path, args: &ServeArgs, opts: StoreOptions) -> anyhow::Result<ExitCode> {
+    let serve_opts = options(args)?;
+    let signals = block_signals();
+    let store = Arc::new(open(volume, opts)?);
+    let running = kvhoard_serve::start(Arc::clone(&store), serve_opts.clone()).context("cannot start serving")?;
+    let addrs = running.addrs();
+    let mut lines = Vec::new();
+    if let Some(a) = addrs.lm {
+        lines.push(format!("lm://{a} (namespace {})", serve_opts.lm_namespace));
+    }
+    if let Some(a) = addrs.resp {
+        let auth = if serve_opts.resp_password.is_some() { ", password required" } else { "" };
+        lines.push(format!("resp://{a} (namespace {}{auth})", serve_opts.resp_namespace));
+    }
+    if let Some(a) = addrs.metrics {
+        lines.push(format!("http://{a}/metrics"));
+    }
+    eprintln!("kvhoard: serving {} on {}; Ctrl-C to stop", volume.display(), lines.join(", "));
+    let sig = loop {
+        if let Some(sig) = wait_signal(&signals, Duration::from_secs(1)) {
+            break sig;
+        }
+    };
+    tracing::info!(signal = sig, "stopping");
+    let report = running.shutdown(serve_opts.request_timeout);
+    if report.connections_cut > 0 {
+        eprintln!(
+            "kvhoard: {} connection(s) still busy after {:?} were cut off",
+            report.connections_cut, serve_opts.request_timeout
+        );
+    }
+    let store = Arc::try_unwrap(store).ok().context("a request is still using the volume; it was not closed")?;
+    store.close().context("closing the volume")?;
+    eprintln!("kvhoard: stopped (signal {sig}), volume closed");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> ServeArgs {
+        ServeArgs {
+            lm: Some("0".into()),
+            resp: None,
+            metrics: None,
+            allow_remote: false,
+            lm_namespace: "lmcache".into(),
+            resp_namespace: "lmcache".into(),
+            resp_password_file: None,
+            max_object_size: 1 << 20,
+            max_connections: 8,
+            max_inflight: 1 << 30,
+            request_timeout_secs: 30,
+            idle_timeout_secs: 0,
+            durability: Durability::Written,
+            ttl: None,
+            threads: 1,
+        }
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(parse_addr("65432").unwrap(), "127.0.0.1:65432".parse().unwrap());
+        assert_eq!(parse_addr("0.0.0.0:1").unwrap(), "0.0.0.0:1".parse().unwrap());
+        assert_eq!(parse_addr("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
+        assert!(parse_addr("nonsense").is_err());
+    }
+
+    #[test]
+    fn remote_listeners_need_a_flag_and_resp_a_password() {
+        let remote = ServeArgs { lm: Some("0.0.0.0:0".into()), ..args() };
+        assert!(options(&remote).unwrap_err().to_string().contains("--allow-remote"));
+        assert!(options(&ServeArgs { allow_remote: true, ..remote }).is_ok());
+        let resp = ServeArgs { resp: Some("0.0.0.0:0".into()), allow_remote: true, ..args() };
+        if std::env::var(PASSWORD_ENV).is_err() {
+            assert!(options(&resp).unwrap_err().to_string().contains("without a password"));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "hunter2\n").unwrap();
+        let with = options(&ServeArgs { resp_password_file: Some(file), ..resp }).unwrap();
+        assert_eq!(with.resp_password.as_deref(), Some("hunter2"));
+        assert!(options(&ServeArgs { lm: None, ..args() }).unwrap_err().to_string().contains("nothing to serve"));
+    }
+}
