@@ -33,6 +33,6 @@ pub use aligned::AlignedBuf;
 pub use clock::Clock;
 pub use error::{Result, StoreError};
 pub use options::{CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, StoreOptions};
-pub use store::{Block, BlockMeta, ListCursor, ListEntry, ListPage, NamespaceStats, Stats, Store};
+pub use store::{Block, BlockMeta, ListCursor, ListEntry, ListPage, NamespaceStats, Resident, Stats, Store};
 
 pub use kvhoard_format as format;

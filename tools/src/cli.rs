@@ -275,8 +275,9 @@ pub enum Command {
         /// Bytes of objects to keep in a DRAM tier above the log (0 = none).
         #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
         dram_tier: u64,
-        /// Network threads.
-        #[arg(long, default_value_t = 4, value_name = "N")]
+        /// Network threads (0: a quarter of the CPUs, 1 to 8; payloads are copied by the kernel,
+        /// so few are needed).
+        #[arg(long, default_value_t = 0, value_name = "N")]
         threads: usize,
     },
     /// Check a volume and, with --repair, repair it.

@@ -11,7 +11,7 @@ mod sync;
 mod write;
 
 use read::CachedBlock;
-pub use read::{Block, BlockMeta, ListCursor, ListEntry, ListPage};
+pub use read::{Block, BlockMeta, ListCursor, ListEntry, ListPage, Resident};
 pub use stats::{NamespaceStats, Stats};
 
 use std::collections::HashMap;

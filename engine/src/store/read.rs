@@ -76,6 +76,18 @@ impl std::fmt::Debug for Block {
     }
 }
 
+/// What [`Store::get_resident`] found.
+#[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "returned once, never stored: boxing would cost an allocation per hit")]
+pub enum Resident {
+    /// The block, from memory.
+    Block(Block),
+    /// No such key (or it expired).
+    Absent,
+    /// The key exists but its block must be read from the device: call [`Store::get`].
+    OnDevice,
+}
+
 /// Where a listing continues: after this log position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct ListCursor(Pos);
@@ -157,6 +169,36 @@ impl Store {
         };
         inner.metrics.count_get(block.as_ref().map(|b| b.len as u64));
         Ok(block)
+    }
+
+    /// A get that never waits for the device, for callers that must not block (an async server
+    /// answers these on its network thread and sends only [`Resident::OnDevice`] keys to a
+    /// thread that may block on [`Store::get`]).
+    pub fn get_resident(&self, namespace: &str, key: &str, opts: ReadOptions) -> Result<Resident> {
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let inner = &self.inner;
+        let entry = {
+            let index = inner.index_read();
+            index
+                .key(&key_fp(namespace, key))
+                .filter(|k| !is_expired(k, inner.clock.now_unix_s()))
+                .and_then(|k| index.content(k.content).copied())
+        };
+        let Some(entry) = entry else {
+            inner.metrics.gets.fetch_add(1, Ordering::Relaxed);
+            inner.metrics.count_get(None);
+            return Ok(Resident::Absent);
+        };
+        match inner.dram_hit(&entry, opts) {
+            Some(block) => {
+                inner.metrics.gets.fetch_add(1, Ordering::Relaxed);
+                inner.metrics.count_get(Some(block.len as u64));
+                Ok(Resident::Block(block))
+            }
+            // Counted by the get that follows.
+            None => Ok(Resident::OnDevice),
+        }
     }
 
     /// The description of the block under `key` (size, hash, times, codec), or `None` on a
@@ -343,26 +385,12 @@ impl Inner {
         opts: ReadOptions,
         still_current: impl Fn() -> bool,
     ) -> Result<Option<Block>> {
+        if let Some(block) = self.dram_hit(entry, opts) {
+            return Ok(Some(block));
+        }
         let loc = entry.record;
         let started = Instant::now();
         let hint = u64::from(entry.fp[0]);
-        if let Some(cached) = self.dram.as_ref().and_then(|d| d.get(&entry.fp, loc)) {
-            let block = cached.block();
-            if opts.verify_hash && !hash_matches(&block) {
-                // Memory corruption, not a disk problem: drop the copy and read the log.
-                self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(segment = loc.segment, unit = loc.unit, "cached block fails its hash; reading the log");
-                if let Some(dram) = &self.dram {
-                    dram.remove(&entry.fp);
-                }
-            } else {
-                if let Some(dram) = &self.dram {
-                    dram.counters.hit_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
-                }
-                self.dram_latency.record(hint, started.elapsed());
-                return Ok(Some(block));
-            }
-        }
         let pending = self.lock_pending().get(&loc).cloned();
         let bytes = match pending {
             Some(buf) => Bytes::Shared(buf),
@@ -406,6 +434,24 @@ impl Inner {
                 Ok(None)
             }
         }
+    }
+
+    /// The block from the DRAM tier, if it is there (and, with `verify_hash`, intact).
+    fn dram_hit(&self, entry: &ContentEntry, opts: ReadOptions) -> Option<Block> {
+        let loc = entry.record;
+        let started = Instant::now();
+        let dram = self.dram.as_ref()?;
+        let block = dram.get(&entry.fp, loc)?.block();
+        if opts.verify_hash && !hash_matches(&block) {
+            // Memory corruption, not a disk problem: drop the copy; the caller reads the log.
+            self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(segment = loc.segment, unit = loc.unit, "cached block fails its hash; reading the log");
+            dram.remove(&entry.fp);
+            return None;
+        }
+        dram.counters.hit_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
+        self.dram_latency.record(u64::from(entry.fp[0]), started.elapsed());
+        Some(block)
     }
 
     /// Offers a block record, held in `buf`, to the DRAM tier.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvhoard_engine::pool::BufferPool;
-use kvhoard_engine::{Durability, Store};
+use kvhoard_engine::{Block, Durability, ReadOptions, Resident, Store};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -62,7 +62,8 @@ pub struct ServeOptions {
     pub durability: Durability,
     /// TTL given to every stored object, unless the client sets one (RESP `SET ... EX`).
     pub ttl_secs: Option<u32>,
-    /// Runtime threads for the network.
+    /// Runtime threads for the network; 0 picks a quarter of the CPUs (1 to 8). Payload bytes
+    /// are copied by the kernel, not these threads, so few are needed; more only contend.
     pub threads: usize,
     /// Most threads running engine calls at once.
     pub blocking_threads: usize,
@@ -84,7 +85,7 @@ impl Default for ServeOptions {
             idle_timeout: None,
             durability: Durability::Written,
             ttl_secs: None,
-            threads: 4,
+            threads: 0,
             blocking_threads: 64,
         }
     }
@@ -123,6 +124,25 @@ pub(crate) struct Shared {
     /// Payload buffers, recycled.
     pub pool: Arc<BufferPool>,
     pub shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// Gets a block: from memory right here when it is resident (no thread hand-off on a DRAM-tier
+    /// hit), otherwise on the blocking pool, where a device read may wait.
+    pub(crate) async fn get(&self, namespace: &str, key: String) -> Result<Option<Block>, String> {
+        match self.store.get_resident(namespace, &key, ReadOptions::default()) {
+            Ok(Resident::Block(block)) => return Ok(Some(block)),
+            Ok(Resident::Absent) => return Ok(None),
+            Ok(Resident::OnDevice) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let store = Arc::clone(&self.store);
+        let namespace = namespace.to_string();
+        match tokio::task::spawn_blocking(move || store.get(&namespace, &key, ReadOptions::default())).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 /// The addresses actually bound (a port 0 becomes the port the kernel chose).
@@ -175,7 +195,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
     let max_connections = u32::try_from(opts.max_connections.clamp(1, Semaphore::MAX_PERMITS.min(1 << 20)))
         .map_err(|_| ServeError::Invalid("max connections out of range".into()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(opts.threads.max(1))
+        .worker_threads(network_threads(opts.threads))
         .max_blocking_threads(opts.blocking_threads.max(1))
         .thread_name("kvhoard-serve")
         .enable_io()
@@ -218,6 +238,13 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
         accept.push(runtime.spawn(metrics::http::serve(listener, Arc::clone(&shared))));
     }
     Ok(Running { runtime: Some(runtime), stop, accept, connections, max_connections, addrs, metrics })
+}
+
+fn network_threads(asked: usize) -> usize {
+    match asked {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get() / 4).clamp(1, 8),
+        n => n,
+    }
 }
 
 impl Running {

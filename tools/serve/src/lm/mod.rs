@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvhoard_engine::format::record::CompressionMeta;
-use kvhoard_engine::{PutOptions, ReadOptions};
+use kvhoard_engine::PutOptions;
 
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 
@@ -132,22 +132,14 @@ async fn get<S: AsyncRead + AsyncWrite + Unpin>(
             return Ok(Outcome::Error);
         }
     };
-    let store = Arc::clone(&shared.store);
-    let namespace = shared.opts.lm_namespace.clone();
-    let found = tokio::task::spawn_blocking(move || store.get(&namespace, &key, ReadOptions::default())).await;
-    let block = match found {
-        Ok(Ok(Some(block))) => block,
-        Ok(Ok(None)) => {
+    let block = match shared.get(&shared.opts.lm_namespace, key).await {
+        Ok(Some(block)) => block,
+        Ok(None) => {
             reply(conn, shared, Code::Fail).await?;
             return Ok(Outcome::Miss);
         }
-        Ok(Err(e)) => {
-            tracing::warn!("lm:// GET failed in the store: {e}");
-            reply(conn, shared, Code::Fail).await?;
-            return Ok(Outcome::Error);
-        }
         Err(e) => {
-            tracing::warn!("lm:// GET failed: {e}");
+            tracing::warn!("lm:// GET failed in the store: {e}");
             reply(conn, shared, Code::Fail).await?;
             return Ok(Outcome::Error);
         }

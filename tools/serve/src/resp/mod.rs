@@ -12,7 +12,7 @@ mod frame;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvhoard_engine::{PutOptions, ReadOptions};
+use kvhoard_engine::PutOptions;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 
 use crate::conn::{self, End};
@@ -280,16 +280,13 @@ async fn get(key: &Arg, session: &Session, shared: &Arc<Shared>) -> (Op, Outcome
         Ok(k) => k,
         Err(r) => return (Op::Get, Outcome::Error, r),
     };
-    let store = Arc::clone(&shared.store);
-    let namespace = shared.opts.resp_namespace.clone();
-    match tokio::task::spawn_blocking(move || store.get(&namespace, &key, ReadOptions::default())).await {
-        Ok(Ok(Some(block))) => (Op::Get, Outcome::Hit, Reply::Bulk(Box::new(block))),
-        Ok(Ok(None)) => (Op::Get, Outcome::Miss, session.null()),
-        Ok(Err(e)) => {
+    match shared.get(&shared.opts.resp_namespace, key).await {
+        Ok(Some(block)) => (Op::Get, Outcome::Hit, Reply::Bulk(Box::new(block))),
+        Ok(None) => (Op::Get, Outcome::Miss, session.null()),
+        Err(e) => {
             tracing::warn!("RESP GET failed in the store: {e}");
             (Op::Get, Outcome::Error, error(&format!("ERR {e}")))
         }
-        Err(e) => (Op::Get, Outcome::Error, error(&format!("ERR {e}"))),
     }
 }
 
