@@ -56,6 +56,7 @@ impl Server {
         let Server { store, dir, .. } = self;
         let Ok(store) = Arc::try_unwrap(store) else { panic!("the server kept a reference to the store") };
         store.close().unwrap();
+        drop(store);
         let store = Arc::new(Store::open(&dir.path().join("vol"), StoreOptions::default()).unwrap());
         let running = kvhoard_serve::start(Arc::clone(&store), opts).unwrap();
         Server { running: Some(running), store, dir }
