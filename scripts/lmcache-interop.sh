@@ -103,4 +103,28 @@ for url in "$lm" "$resp" "$redis"; do
   run "$url" verify 1
 done
 stop
+
+# fs:// (LMCache's FSConnector: 28-byte header + payload, .tmp then os.replace) on a kvhoard mount.
+if [ -e /dev/fuse ] && [ "$(id -u)" = 0 ]; then
+  "$kvhoard" init "$work/fsvol" --capacity 1GiB >/dev/null
+  mkdir "$work/mnt"
+  mount_fs() {
+    "$kvhoard" mount "$work/fsvol" "$work/mnt" 2>"$work/mount.log" &
+    server_pid=$!
+    for _ in $(seq 100); do
+      grep -q "mounted" "$work/mount.log" 2>/dev/null && break
+      sleep 0.1
+    done
+  }
+  mount_fs
+  echo "== LMCache FSConnector over a kvhoard mount: store"
+  run "fs://localhost:0$work/mnt/default" store 1
+  kill -TERM "$server_pid"; wait "$server_pid"; server_pid=
+  mount_fs
+  echo "== after unmount and remount: verify"
+  run "fs://localhost:0$work/mnt/default" verify 1
+  kill -TERM "$server_pid"; wait "$server_pid"; server_pid=
+else
+  echo "== fs:// on a mount: SKIPPED (needs root and /dev/fuse)"
+fi
 echo "lmcache interop: passed"
