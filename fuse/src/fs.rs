@@ -83,6 +83,31 @@ fn unix(ms: u64) -> SystemTime {
 }
 
 impl KvFs {
+    /// A rename across namespaces: content is per namespace, so the bytes are stored again under
+    /// the new name (the new name appears whole when the put returns), then the old name goes.
+    fn copy_then_delete(&self, from: &(String, String), to: &(String, String)) -> Result<(), Errno> {
+        let block = match self.store.get(&from.0, &from.1, ReadOptions::default()) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err(Errno::ENOENT),
+            Err(e) => return Err(store_errno(&e)),
+        };
+        let meta = &block.meta;
+        let compressed = meta.compression.codec_id != 0;
+        let opts = PutOptions {
+            durability: self.opts.durability,
+            ttl_secs: (meta.ttl_secs > 0).then_some(meta.ttl_secs),
+            group: meta.group_id,
+            parent: meta.parent_hash,
+            desc: Some(meta.desc.clone()),
+            compression: compressed.then(|| meta.compression.clone()),
+            raw: compressed.then_some((meta.raw_len, meta.content_hash)),
+        };
+        self.store.put(&to.0, &to.1, &block, &opts).map_err(|e| store_errno(&e))?;
+        drop(block);
+        self.store.delete(&from.0, &from.1, self.opts.durability).map_err(|e| store_errno(&e))?;
+        Ok(())
+    }
+
     /// A file system over `store`.
     pub fn new(store: Arc<Store>, opts: FsOptions) -> KvFs {
         let sb = store.superblock();
@@ -566,28 +591,16 @@ impl Filesystem for KvFs {
         if from == to {
             return reply.ok();
         }
-        // Publish: the new name appears whole when this put returns (within a namespace the
-        // bytes are not rewritten: the put is a link to the stored block), then the old goes.
-        let block = match self.store.get(&from.0, &from.1, ReadOptions::default()) {
-            Ok(Some(b)) => b,
-            Ok(None) => return reply.error(Errno::ENOENT),
-            Err(e) => return reply.error(store_errno(&e)),
-        };
-        let opts = PutOptions {
-            durability: self.opts.durability,
-            ttl_secs: (block.meta.ttl_secs > 0).then_some(block.meta.ttl_secs),
-            group: block.meta.group_id,
-            parent: block.meta.parent_hash,
-            desc: Some(block.meta.desc.clone()),
-            compression: (block.meta.compression.codec_id != 0).then(|| block.meta.compression.clone()),
-            raw: (block.meta.compression.codec_id != 0).then_some((block.meta.raw_len, block.meta.content_hash)),
-        };
-        if let Err(e) = self.store.put(&to.0, &to.1, &block, &opts) {
-            return reply.error(store_errno(&e));
-        }
-        drop(block);
-        if let Err(e) = self.store.delete(&from.0, &from.1, self.opts.durability) {
-            return reply.error(store_errno(&e));
+        if from.0 == to.0 {
+            // Publish within a namespace: a link record names the stored block (no byte is read
+            // or rewritten), then the old name is removed.
+            match self.store.rename(&from.0, &from.1, &to.1, self.opts.durability) {
+                Ok(true) => {}
+                Ok(false) => return reply.error(Errno::ENOENT),
+                Err(e) => return reply.error(store_errno(&e)),
+            }
+        } else if let Err(e) = self.copy_then_delete(&from, &to) {
+            return reply.error(e);
         }
         self.inodes().rename(&from_node, Node::File { ns: to.0, key: to.1 });
         reply.ok()

@@ -25,6 +25,7 @@ enum Op {
     Put { key: u8, value: Value, synced: bool },
     PutBatch { keys: Vec<u8>, value: Value },
     Delete { key: u8, synced: bool },
+    Rename { from: u8, to: u8, synced: bool },
     Get { key: u8 },
     List,
     Reopen,
@@ -44,6 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
         1 => (proptest::collection::vec(0..KEYS, 1..5), value).prop_map(|(keys, value)| Op::PutBatch { keys, value }),
         2 => (0..KEYS, any::<bool>()).prop_map(|(key, synced)| Op::Delete { key, synced }),
+        2 => (0..KEYS, 0..KEYS, any::<bool>()).prop_map(|(from, to, synced)| Op::Rename { from, to, synced }),
         4 => (0..KEYS).prop_map(|key| Op::Get { key }),
         1 => Just(Op::List),
         1 => Just(Op::Reopen),
@@ -206,6 +208,25 @@ fn run_on(ops: Vec<Op>, backend: Backend, dram_tier_bytes: u64) -> Result<(), Te
                 );
                 // Deleting a missing key writes nothing, so it syncs nothing either.
                 model.write(key, None, synced && existed);
+            }
+            Op::Rename { from, to, synced } => {
+                let durability = if synced { Durability::Synced } else { Durability::Written };
+                let existed =
+                    store.rename("default", &format!("key-{from}"), &format!("key-{to}"), durability).map_err(fail)?;
+                model.evictions |= store.stats().evicted_keys > 0;
+                let value = model.current.get(&from).copied().flatten();
+                prop_assert!(
+                    existed == value.is_some() || (model.evictions && !existed),
+                    "rename of key {from}: existed {existed}, model {value:?}"
+                );
+                if existed && from != to {
+                    model.write(to, value, false);
+                    model.write(from, None, synced);
+                } else if !existed {
+                    // Evicted since the model last looked: gone for good.
+                    model.current.insert(from, None);
+                    model.durable.insert(from, None);
+                }
             }
             Op::Get { key } => {
                 model.evictions |= store.stats().evicted_keys > 0;

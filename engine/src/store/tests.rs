@@ -583,3 +583,31 @@ fn meta_reads_the_header_only_and_matches_get() {
     assert_eq!(s.meta("default", &long).unwrap().unwrap().raw_len, 200_000);
     assert_eq!(s.meta("default", "k").unwrap().unwrap().content_hash, *blake3::hash(&bytes).as_bytes());
 }
+
+#[test]
+fn rename_moves_a_key_without_rewriting_its_bytes_and_survives_a_crash() {
+    use kvhoard_format::record::{BlockDesc, Dtype, Layout};
+    let (dev, s) = mem_store(8);
+    let bytes = block(7, 300_000);
+    let desc = BlockDesc { dtype: Dtype::Bf16, layout: Layout::Kv2Td, shape: vec![2, 75_000] };
+    let opts = PutOptions { ttl_secs: Some(3600), group: Some(9), desc: Some(desc.clone()), ..synced() };
+    s.put("default", "a.tmp", &bytes, &opts).unwrap();
+    s.put("default", "b", &block(8, 1000), &synced()).unwrap();
+    let written_before = s.stats().put_bytes;
+    assert!(s.rename("default", "a.tmp", "b", Durability::Synced).unwrap());
+    // Only a link and a tombstone were written: no payload.
+    assert!(s.stats().put_bytes - written_before < 64 << 10, "rename rewrote the payload");
+    assert_eq!(get(&s, "a.tmp"), None);
+    assert_eq!(get(&s, "b").as_deref(), Some(&bytes[..]));
+    let meta = s.meta("default", "b").unwrap().unwrap();
+    assert_eq!((meta.desc, meta.group_id), (desc, Some(9)));
+    assert!(meta.ttl_secs > 3590 && meta.ttl_secs <= 3600, "ttl {}", meta.ttl_secs);
+    // Missing source, and a rename onto itself.
+    assert!(!s.rename("default", "nope", "c", Durability::Synced).unwrap());
+    assert!(s.rename("default", "b", "b", Durability::Synced).unwrap());
+    assert!(s.rename("default", "b", "", Durability::Synced).is_err());
+    drop(s);
+    let (_, s) = reopen(&dev, CrashMode::DropAll);
+    assert_eq!(get(&s, "a.tmp"), None);
+    assert_eq!(get(&s, "b").as_deref(), Some(&bytes[..]));
+}

@@ -40,7 +40,13 @@ struct Prepared<'a> {
     buf: Option<PooledBuf>,
     key: KeyFp,
     content: ContentFp,
+    /// For a link made by a rename: the key that must still name `content` when the link is
+    /// reserved (there are no bytes to store again if it does not).
+    source: Option<KeyFp>,
 }
+
+/// Why a rename's link could not be reserved.
+const SOURCE_CHANGED: &str = "the source key changed while it was being renamed";
 
 pub(super) fn spawn_writer(inner: Arc<Inner>, depth: usize) -> Result<(SyncSender<WriteJob>, JoinHandle<()>)> {
     let (tx, rx) = sync_channel::<WriteJob>(depth);
@@ -120,7 +126,7 @@ impl Store {
             desc: BlockDesc::opaque(),
             compression: CompressionMeta::none(),
         };
-        let mut one = [Prepared { header, payload: &[], buf: None, key: kfp, content: [0; 16] }];
+        let mut one = [Prepared { header, payload: &[], buf: None, key: kfp, content: [0; 16], source: None }];
         let (jobs, _) = inner.reserve(&mut one)?;
         let existed = !jobs.is_empty();
         let end = jobs.iter().map(WriteJob::end).max();
@@ -131,6 +137,98 @@ impl Store {
         }
         inner.metrics.deletes.fetch_add(u64::from(existed), std::sync::atomic::Ordering::Relaxed);
         Ok(existed)
+    }
+
+    /// Renames `from` to `to` within `namespace` without reading or writing the block's bytes:
+    /// a link record gives the block its new name (replacing whatever `to` named), then a
+    /// tombstone removes the old one. The block keeps its description, group, parent and the
+    /// rest of its TTL. Returns whether `from` existed. If `from` is overwritten or deleted while
+    /// this runs, the rename applies to what `from` names afterwards, or reports it missing.
+    pub fn rename(&self, namespace: &str, from: &str, to: &str, durability: Durability) -> Result<bool> {
+        validate_namespace(namespace)?;
+        validate_key(from)?;
+        validate_key(to)?;
+        if from == to {
+            return self.contains(namespace, from);
+        }
+        for _ in 0..8 {
+            match self.try_rename(namespace, from, to, durability) {
+                Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => continue,
+                other => return other,
+            }
+        }
+        Err(StoreError::invalid("rename", format!("{from:?} kept changing while it was being renamed; try again")))
+    }
+
+    fn try_rename(&self, namespace: &str, from: &str, to: &str, durability: Durability) -> Result<bool> {
+        let inner = &self.inner;
+        let Some(meta) = self.meta(namespace, from)? else {
+            return Ok(false);
+        };
+        let now = inner.clock.now_unix_ms();
+        let ttl_secs = match meta.ttl_secs {
+            0 => 0,
+            ttl => {
+                let expires_ms = meta.created_unix_ms.saturating_add(u64::from(ttl) * 1000);
+                // Expiring within the second still leaves the key one second; never 0 (= never).
+                u32::try_from(expires_ms.saturating_sub(now).div_ceil(1000).max(1)).unwrap_or(u32::MAX)
+            }
+        };
+        let link = RecordHeader {
+            kind: RecordKind::Link,
+            segment_seq: 0,
+            payload_crc: 0,
+            namespace: namespace.to_string(),
+            key: to.to_string(),
+            content_hash: meta.content_hash,
+            raw_len: meta.raw_len,
+            stored_len: 0,
+            created_unix_ms: now,
+            ttl_secs,
+            group_id: meta.group_id,
+            parent_hash: meta.parent_hash,
+            desc: meta.desc,
+            compression: meta.compression,
+        };
+        link.validate()?;
+        let tombstone = RecordHeader {
+            kind: RecordKind::Tombstone,
+            key: from.to_string(),
+            content_hash: [0; 32],
+            raw_len: 0,
+            ttl_secs: 0,
+            group_id: None,
+            parent_hash: None,
+            desc: BlockDesc::opaque(),
+            compression: CompressionMeta::none(),
+            ..link.clone()
+        };
+        let content = content_fp(namespace, &meta.content_hash);
+        let from_fp = key_fp(namespace, from);
+        let mut items = [
+            Prepared {
+                header: link,
+                payload: &[],
+                buf: None,
+                key: key_fp(namespace, to),
+                content,
+                source: Some(from_fp),
+            },
+            Prepared { header: tombstone, payload: &[], buf: None, key: from_fp, content: [0; 16], source: None },
+        ];
+        let mut rest = items.as_mut_slice();
+        let mut last_end = Pos::default();
+        while !rest.is_empty() {
+            let (jobs, done) = inner.reserve(rest)?;
+            rest = rest.get_mut(done..).unwrap_or_default();
+            last_end = jobs.iter().map(WriteJob::end).max().unwrap_or(last_end).max(last_end);
+            self.submit(jobs, durability)?;
+            inner.save_pending_checkpoint()?;
+        }
+        if durability == Durability::Synced {
+            inner.sync.sync_to(last_end, inner)?;
+        }
+        Ok(true)
     }
 
     /// Writes reserved records: hands them to the background writer (buffered), or writes them
@@ -210,7 +308,7 @@ impl Inner {
             return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
         }
         let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, bytes));
-        Ok(Prepared { header, payload: bytes, buf, key: key_fp(namespace, key), content })
+        Ok(Prepared { header, payload: bytes, buf, key: key_fp(namespace, key), content, source: None })
     }
 
     /// Reserves space for a prefix of `items` in log order, updates the index and returns the
@@ -239,6 +337,14 @@ impl Inner {
                         // May reclaim a segment, and with it the bytes a link points at.
                         self.open_segment(&mut log)?;
                         continue;
+                    }
+                }
+                if let Some(source) = item.source {
+                    let index = self.index_read();
+                    let still =
+                        index.key(&source).and_then(|k| index.content(k.content)).is_some_and(|c| c.fp == item.content);
+                    if !still {
+                        return Err(StoreError::invalid("rename", SOURCE_CHANGED));
                     }
                 }
                 if item.header.kind == RecordKind::Link && self.index_read().content_slot(&item.content).is_none() {
