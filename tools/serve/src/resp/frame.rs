@@ -15,6 +15,9 @@ pub const MAX_ARGS: usize = 1024;
 /// Longest line (array and bulk headers, inline commands) and longest argument other than a
 /// SET value.
 pub const MAX_LINE: usize = 64 << 10;
+/// Most bytes of arguments other than a SET value in one request: without it, 1024 arguments of
+/// 64 KiB would hold 64 MiB per connection outside the payload budget.
+pub const MAX_SMALL_BYTES: u64 = 1 << 20;
 
 /// One argument.
 pub enum Arg {
@@ -138,6 +141,7 @@ pub async fn read<R: AsyncBufRead + Unpin>(r: &mut R, limits: &Limits<'_>) -> Re
     }
     let mut args = Vec::with_capacity(count as usize);
     let mut refused = None;
+    let mut small_bytes = 0u64;
     for i in 0..count as usize {
         let header = line(r, limits.timeout).await?;
         let Some((&b'$', len)) = header.split_first() else {
@@ -149,6 +153,12 @@ pub async fn read<R: AsyncBufRead + Unpin>(r: &mut R, limits: &Limits<'_>) -> Re
         let is_value = i == 2 && args.first().is_some_and(|a: &Arg| a.bytes().eq_ignore_ascii_case(b"SET"));
         if !is_value && len > MAX_LINE as u64 {
             return Err(End::Protocol(format!("an argument of {len} bytes, at most {MAX_LINE}")));
+        }
+        if !is_value {
+            small_bytes += len;
+            if small_bytes > MAX_SMALL_BYTES {
+                return Err(End::Protocol(format!("more than {MAX_SMALL_BYTES} bytes of arguments")));
+            }
         }
         if is_value && len > limits.max_object {
             conn::discard(r, len + 2, limits.timeout).await?;
@@ -224,6 +234,13 @@ mod tests {
             let got = parse(input, 100);
             assert!(got.as_ref().is_err_and(|e| e.starts_with(want)), "{:?}: {got:?}", String::from_utf8_lossy(input));
         }
+        let mut many = b"*40\r\n".to_vec();
+        for _ in 0..40 {
+            many.extend(format!("${}\r\n", 60 << 10).bytes());
+            many.extend(vec![b'k'; 60 << 10]);
+            many.extend(b"\r\n");
+        }
+        assert!(parse(&many, 100).is_err_and(|e| e.starts_with("protocol: more than 1048576 bytes of arguments")));
         let long = vec![b'a'; MAX_LINE + 10];
         assert!(parse(&long, 100).is_err_and(|e| e.starts_with("protocol: a line longer")));
     }
