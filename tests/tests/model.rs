@@ -222,7 +222,7 @@ fn run_on(ops: Vec<Op>, backend: Backend, dram_tier_bytes: u64) -> Result<(), Te
                 if existed && from != to {
                     model.write(to, value, false);
                     model.write(from, None, synced);
-                } else if !existed {
+                } else if !existed && value.is_some() {
                     // Evicted since the model last looked: gone for good.
                     model.current.insert(from, None);
                     model.durable.insert(from, None);
