@@ -1,0 +1,358 @@
+//! Element types of KV tensors and their conversion to and from `f32`.
+//!
+//! Every codec computes in `f32` and converts at the edges, one row at a time, so that a codec is
+//! written once for all dtypes. The conversions are exact where the format allows (every bf16, f16
+//! and fp8 value is an `f32`) and round to nearest, ties to even, on the way back.
+
+use crate::Error;
+
+/// The element type of a block's tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    Bf16,
+    F16,
+    F32,
+    /// OCP FP8 E4M3 ("fn": no infinities, one NaN pattern, largest finite 448), as
+    /// `torch.float8_e4m3fn`.
+    F8E4M3,
+    /// OCP FP8 E5M2 (IEEE-like, with infinities), as `torch.float8_e5m2`.
+    F8E5M2,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 5] = [Dtype::Bf16, Dtype::F16, Dtype::F32, Dtype::F8E4M3, Dtype::F8E5M2];
+
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+            Dtype::F8E4M3 | Dtype::F8E5M2 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::F32 => "f32",
+            Dtype::F8E4M3 => "f8e4m3",
+            Dtype::F8E5M2 => "f8e5m2",
+        }
+    }
+
+    /// The code this dtype has in codec metadata. Stable: stored on disk.
+    pub fn code(self) -> u8 {
+        match self {
+            Dtype::Bf16 => 1,
+            Dtype::F16 => 2,
+            Dtype::F32 => 3,
+            Dtype::F8E4M3 => 4,
+            Dtype::F8E5M2 => 5,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Result<Dtype, Error> {
+        Dtype::ALL.into_iter().find(|d| d.code() == code).ok_or(Error::Corrupt("unknown dtype code"))
+    }
+
+    pub fn parse(name: &str) -> Result<Dtype, Error> {
+        let lower = name.to_ascii_lowercase();
+        let canonical = match lower.as_str() {
+            "bfloat16" => "bf16",
+            "float16" | "half" | "fp16" => "f16",
+            "float32" | "float" | "fp32" => "f32",
+            "float8_e4m3fn" | "fp8e4m3" | "e4m3" => "f8e4m3",
+            "float8_e5m2" | "fp8e5m2" | "e5m2" => "f8e5m2",
+            other => other,
+        };
+        Dtype::ALL.into_iter().find(|d| d.name() == canonical).ok_or_else(|| {
+            Error::Invalid(format!("unknown dtype {name:?}; expected one of bf16, f16, f32, f8e4m3, f8e5m2"))
+        })
+    }
+
+    /// Decodes one element.
+    #[inline]
+    pub fn get(self, bytes: &[u8], index: usize) -> f32 {
+        match self {
+            Dtype::Bf16 => bf16_to_f32(u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])),
+            Dtype::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])).to_f32(),
+            Dtype::F32 => {
+                f32::from_le_bytes([bytes[4 * index], bytes[4 * index + 1], bytes[4 * index + 2], bytes[4 * index + 3]])
+            }
+            Dtype::F8E4M3 => E4M3_TABLE[bytes[index] as usize],
+            Dtype::F8E5M2 => E5M2_TABLE[bytes[index] as usize],
+        }
+    }
+
+    /// Decodes `out.len()` consecutive elements from the start of `bytes`.
+    pub fn load(self, bytes: &[u8], out: &mut [f32]) {
+        let n = out.len();
+        match self {
+            Dtype::Bf16 => {
+                for (o, b) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
+                    *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            Dtype::F16 => {
+                for (o, b) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
+                    *o = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                }
+            }
+            Dtype::F32 => {
+                for (o, b) in out.iter_mut().zip(bytes[..4 * n].chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            Dtype::F8E4M3 => {
+                for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
+                    *o = E4M3_TABLE[b as usize];
+                }
+            }
+            Dtype::F8E5M2 => {
+                for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
+                    *o = E5M2_TABLE[b as usize];
+                }
+            }
+        }
+    }
+
+    /// Encodes `values` into the start of `bytes`, rounding to nearest, ties to even.
+    pub fn store(self, values: &[f32], bytes: &mut [u8]) {
+        let n = values.len();
+        match self {
+            Dtype::Bf16 => {
+                for (v, b) in values.iter().zip(bytes[..2 * n].chunks_exact_mut(2)) {
+                    b.copy_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes());
+                }
+            }
+            Dtype::F16 => {
+                for (v, b) in values.iter().zip(bytes[..2 * n].chunks_exact_mut(2)) {
+                    b.copy_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes());
+                }
+            }
+            Dtype::F32 => {
+                for (v, b) in values.iter().zip(bytes[..4 * n].chunks_exact_mut(4)) {
+                    b.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            Dtype::F8E4M3 => {
+                for (v, b) in values.iter().zip(&mut bytes[..n]) {
+                    *b = f32_to_fp8(*v, &E4M3);
+                }
+            }
+            Dtype::F8E5M2 => {
+                for (v, b) in values.iter().zip(&mut bytes[..n]) {
+                    *b = f32_to_fp8(*v, &E5M2);
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[inline]
+pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Rounds a finite `f32` to bf16, nearest, ties to even. Branch-free so that decode loops
+/// vectorize; callers guarantee the input is not NaN (a NaN may come out as another NaN or as an
+/// infinity, which decode loops never produce because their inputs are finite).
+#[inline]
+pub(crate) fn f32_to_bf16_finite(value: f32) -> u16 {
+    let bits = value.to_bits();
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+/// The shape of an 8-bit float format.
+struct Fp8 {
+    mantissa_bits: u32,
+    bias: i32,
+    /// Largest finite code (positive).
+    max_finite: u8,
+    /// The code for NaN (positive).
+    nan: u8,
+    /// The code for +infinity, if the format has one.
+    infinity: Option<u8>,
+}
+
+const E4M3: Fp8 = Fp8 { mantissa_bits: 3, bias: 7, max_finite: 0x7e, nan: 0x7f, infinity: None };
+
+const E5M2: Fp8 = Fp8 { mantissa_bits: 2, bias: 15, max_finite: 0x7b, nan: 0x7e, infinity: Some(0x7c) };
+
+static E4M3_TABLE: [f32; 256] = fp8_table(&E4M3);
+static E5M2_TABLE: [f32; 256] = fp8_table(&E5M2);
+
+const fn fp8_decode(code: u8, format: &Fp8) -> f32 {
+    let m = format.mantissa_bits;
+    let sign = ((code >> 7) as u32) << 31;
+    let magnitude = code & 0x7f;
+    if magnitude == format.nan {
+        return f32::from_bits(sign | 0x7fc0_0000);
+    }
+    if let Some(inf) = format.infinity {
+        if magnitude > inf {
+            return f32::from_bits(sign | 0x7fc0_0000);
+        }
+        if magnitude == inf {
+            return f32::from_bits(sign | 0x7f80_0000);
+        }
+    }
+    let exponent = (magnitude >> m) as i32;
+    let mut mantissa = (magnitude & ((1 << m) - 1)) as u32;
+    if exponent == 0 {
+        if mantissa == 0 {
+            return f32::from_bits(sign);
+        }
+        // Subnormal: value = mantissa * 2^(1 - bias - m); normalise it for f32.
+        let mut e = 1 - format.bias;
+        while mantissa & (1 << m) == 0 {
+            mantissa <<= 1;
+            e -= 1;
+        }
+        mantissa &= (1 << m) - 1;
+        return f32::from_bits(sign | (((e + 127) as u32) << 23) | (mantissa << (23 - m)));
+    }
+    let e = exponent - format.bias + 127;
+    f32::from_bits(sign | ((e as u32) << 23) | (mantissa << (23 - m)))
+}
+
+const fn fp8_table(format: &Fp8) -> [f32; 256] {
+    let mut table = [0.0f32; 256];
+    let mut code = 0;
+    while code < 256 {
+        table[code] = fp8_decode(code as u8, format);
+        code += 1;
+    }
+    table
+}
+
+/// Rounds to nearest, ties to even. Finite values beyond the largest finite value saturate to it
+/// (as `satfinite` conversions on GPUs do); infinities become infinities where the format has
+/// them, otherwise the largest finite value; NaN stays NaN.
+fn f32_to_fp8(value: f32, format: &Fp8) -> u8 {
+    let sign = if value.is_sign_negative() { 0x80 } else { 0 };
+    if value.is_nan() {
+        return sign | format.nan;
+    }
+    let magnitude = value.abs();
+    if magnitude.is_infinite() {
+        return sign | format.infinity.unwrap_or(format.max_finite);
+    }
+    let m = format.mantissa_bits;
+    let min_normal = f32::from_bits(((1 - format.bias + 127) as u32) << 23);
+    let code = if magnitude < min_normal {
+        // Subnormal codes are multiples of 2^(1 - bias - m); a result of 2^m is the smallest
+        // normal, whose code is exactly 2^m, so no special case is needed.
+        let scale = f32::from_bits(((format.bias - 1 + m as i32 + 127) as u32) << 23);
+        (magnitude * scale).round_ties_even() as u32
+    } else {
+        let bits = magnitude.to_bits();
+        let shift = 23 - m;
+        let rounded = (bits + ((1 << (shift - 1)) - 1) + ((bits >> shift) & 1)) >> shift;
+        rounded - (((127 - format.bias) as u32) << m)
+    };
+    sign | code.min(format.max_finite as u32) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_tables_match_known_values() {
+        assert_eq!(E4M3_TABLE[0x7e], 448.0);
+        assert_eq!(E4M3_TABLE[0x01], 2f32.powi(-9));
+        assert_eq!(E4M3_TABLE[0x08], 2f32.powi(-6));
+        assert_eq!(E4M3_TABLE[0x38], 1.0);
+        assert!(E4M3_TABLE[0x7f].is_nan() && E4M3_TABLE[0xff].is_nan());
+        assert_eq!(E4M3_TABLE[0xb8], -1.0);
+        assert_eq!(E5M2_TABLE[0x7b], 57344.0);
+        assert_eq!(E5M2_TABLE[0x01], 2f32.powi(-16));
+        assert_eq!(E5M2_TABLE[0x3c], 1.0);
+        assert_eq!(E5M2_TABLE[0x7c], f32::INFINITY);
+        assert!(E5M2_TABLE[0x7d].is_nan());
+    }
+
+    #[test]
+    fn fp8_round_trips_every_code() {
+        for (format, table) in [(&E4M3, &E4M3_TABLE), (&E5M2, &E5M2_TABLE)] {
+            for code in 0..=255u8 {
+                let value = table[code as usize];
+                let back = f32_to_fp8(value, format);
+                if value.is_nan() {
+                    assert!(table[back as usize].is_nan());
+                } else {
+                    assert_eq!(back, code, "code {code:#x} value {value}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_rounds_to_nearest_even_and_saturates() {
+        // Halfway between 1.0 (0x38) and 1.125 (0x39): ties to the even code 0x38.
+        assert_eq!(f32_to_fp8(1.0625, &E4M3), 0x38);
+        // Halfway between 1.125 and 1.25: ties to 0x3a.
+        assert_eq!(f32_to_fp8(1.1875, &E4M3), 0x3a);
+        assert_eq!(f32_to_fp8(1e6, &E4M3), 0x7e);
+        assert_eq!(f32_to_fp8(-1e6, &E4M3), 0xfe);
+        assert_eq!(f32_to_fp8(f32::INFINITY, &E4M3), 0x7e);
+        assert_eq!(f32_to_fp8(f32::INFINITY, &E5M2), 0x7c);
+        assert_eq!(f32_to_fp8(1e-12, &E4M3), 0);
+        // Half of the smallest subnormal ties to zero; a bit more rounds up.
+        assert_eq!(f32_to_fp8(2f32.powi(-10), &E4M3), 0);
+        assert_eq!(f32_to_fp8(2f32.powi(-10) * 1.01, &E4M3), 1);
+        // The largest subnormal rounds up into the smallest normal.
+        assert_eq!(f32_to_fp8(2f32.powi(-6) * 0.99, &E4M3), 0x08);
+    }
+
+    #[test]
+    fn bf16_finite_rounding_matches_half() {
+        let mut x = 1.0e-30f32;
+        while x < 1.0e30 {
+            for v in [x, -x, x * (1.0 + 2f32.powi(-8)), x * (1.0 + 2f32.powi(-9))] {
+                assert_eq!(f32_to_bf16_finite(v), half::bf16::from_f32(v).to_bits(), "{v}");
+            }
+            x *= 1.37;
+        }
+    }
+
+    #[test]
+    fn load_and_store_agree_for_every_dtype() {
+        let values: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.37).collect();
+        for dtype in Dtype::ALL {
+            let mut bytes = vec![0u8; values.len() * dtype.size()];
+            dtype.store(&values, &mut bytes);
+            let mut back = vec![0f32; values.len()];
+            dtype.load(&bytes, &mut back);
+            for (i, (&a, &b)) in values.iter().zip(&back).enumerate() {
+                assert_eq!(b, dtype.get(&bytes, i));
+                let tolerance = match dtype {
+                    Dtype::F32 => 0.0,
+                    Dtype::F16 => 0.002 * a.abs(),
+                    Dtype::Bf16 => 0.008 * a.abs(),
+                    Dtype::F8E4M3 => 0.07 * a.abs() + 0.002,
+                    Dtype::F8E5M2 => 0.13 * a.abs() + 0.0001,
+                };
+                assert!((a - b).abs() <= tolerance, "{dtype}: {a} became {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn dtype_codes_and_names_round_trip() {
+        for dtype in Dtype::ALL {
+            assert_eq!(Dtype::from_code(dtype.code()).unwrap(), dtype);
+            assert_eq!(Dtype::parse(dtype.name()).unwrap(), dtype);
+        }
+        assert_eq!(Dtype::parse("bfloat16").unwrap(), Dtype::Bf16);
+        assert!(Dtype::parse("int4").is_err());
+        assert!(Dtype::from_code(0).is_err());
+    }
+}

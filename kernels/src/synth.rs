@@ -1,0 +1,308 @@
+//! Synthetic KV blocks, deterministic from a seed, for tests, the demo and benchmarks.
+//!
+//! What it imitates, per layer and KV head, from what is published about real models (KIVI,
+//! KVQuant, StreamingLLM, H2O, "a simple and effective L2 norm-based strategy"):
+//!
+//! - keys with a few outlier channels, 5 to 20 times the median magnitude and of stable sign
+//!   across tokens, in the low-frequency rotary dimensions, with rotary position embedding
+//!   (base 10000, pairs `i` and `i + head_dim / 2`) applied at each token's position;
+//! - attention sinks (the first tokens) and heavy hitters (a few scattered tokens) whose keys
+//!   point along the direction queries take, with a smaller norm than ordinary keys (low-norm keys
+//!   attract attention);
+//! - values without outlier channels, the sinks' values small;
+//! - [`Synth::queries`]: query vectors for the tokens after the block, which put most of their
+//!   attention on the sinks and heavy hitters.
+//!
+//! What it cannot imitate: the structure of a real model's keys beyond these statistics, how
+//! heads differ across layers, and the text. Codec sizes and speeds on generated blocks are
+//! representative; eviction rankings and errors on generated blocks are not evidence about real
+//! models.
+
+use crate::{BlockDesc, Dtype, Queries};
+
+/// Shape and statistics of generated blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct Synth {
+    pub desc: BlockDesc,
+    pub seed: u64,
+    /// Attention-sink tokens at the start.
+    pub sinks: usize,
+    /// Fraction of the other tokens that are heavy hitters.
+    pub heavy_hitters: f32,
+    /// Outlier key channels per head (rounded up to whole rotary pairs).
+    pub outlier_channels: usize,
+    /// Position of the block's first token (for the rotary embedding).
+    pub first_position: usize,
+}
+
+const ROPE_BASE: f64 = 10000.0;
+/// Query magnitude along the attention direction.
+const QUERY_GAIN: f32 = 8.0;
+
+impl Synth {
+    /// An LMCache-shaped chunk: bf16 `KV_2LTD`.
+    pub fn new(layers: u32, tokens: u32, kv_heads: u32, head_dim: u32, seed: u64) -> Synth {
+        Synth::for_desc(BlockDesc::kv_2ltd(Dtype::Bf16, layers, tokens, kv_heads, head_dim), seed)
+    }
+
+    pub fn for_desc(desc: BlockDesc, seed: u64) -> Synth {
+        Synth { desc, seed, sinks: 4, heavy_hitters: 0.02, outlier_channels: 4, first_position: 0 }
+    }
+
+    /// Generates the block's bytes in its dtype and layout.
+    pub fn generate(&self) -> Vec<u8> {
+        let desc = self.desc;
+        let mut bytes = vec![0u8; desc.raw_size()];
+        if !desc.is_tensor() {
+            let mut rng = Rng::new(self.seed);
+            let values: Vec<f32> = (0..desc.elements()).map(|_| rng.normal()).collect();
+            desc.dtype.store(&values, &mut bytes);
+            return bytes;
+        }
+        let (tokens, d, size) = (desc.tokens(), desc.head_dim(), desc.dtype.size());
+        let mut k = vec![0f32; d];
+        let mut v = vec![0f32; d];
+        for layer in 0..desc.layers() {
+            for head in 0..desc.heads() {
+                let shape = HeadShape::new(self, layer, head);
+                let mut rng = Rng::new(mix(self.seed, layer as u64, head as u64, 1));
+                let mut roles = Rng::new(mix(self.seed, layer as u64, 0, 2));
+                for t in 0..tokens {
+                    // Heavy hitters are chosen per layer, the same for all its heads.
+                    let hitter = t >= self.sinks && roles.uniform() < self.heavy_hitters;
+                    let sink = t < self.sinks;
+                    for c in 0..d {
+                        let noise = rng.normal();
+                        k[c] = if sink {
+                            0.3 * shape.magnitude[c] * noise + shape.sink_key * shape.direction[c]
+                        } else if hitter {
+                            0.5 * shape.magnitude[c] * (shape.bias[c] + noise) + shape.hitter_key * shape.direction[c]
+                        } else {
+                            shape.magnitude[c] * (shape.bias[c] + noise)
+                        };
+                        let value = shape.value_scale[c] * rng.normal();
+                        v[c] = if sink { 0.1 * value } else { value };
+                    }
+                    rope(&mut k, self.first_position + t);
+                    let at = |kv| (desc.row(kv, layer, t) + head * d) * size;
+                    desc.dtype.store(&k, &mut bytes[at(0)..at(0) + d * size]);
+                    desc.dtype.store(&v, &mut bytes[at(1)..at(1) + d * size]);
+                }
+            }
+        }
+        bytes
+    }
+
+    /// `count` query vectors per query head for the tokens right after the block, with
+    /// `group` query heads per KV head.
+    pub fn queries(&self, count: usize, group: usize) -> Queries {
+        let desc = self.desc;
+        let (layers, heads, d) = (desc.layers(), desc.heads(), desc.head_dim());
+        let q_heads = heads * group;
+        let mut data = vec![0f32; layers * count * q_heads * d];
+        let mut q = vec![0f32; d];
+        for layer in 0..layers {
+            for head in 0..heads {
+                let shape = HeadShape::new(self, layer, head);
+                let mut rng = Rng::new(mix(self.seed, layer as u64, head as u64, 3));
+                for w in 0..count {
+                    for g in 0..group {
+                        for (x, &direction) in q.iter_mut().zip(&shape.direction) {
+                            *x = QUERY_GAIN * direction + 0.5 * rng.normal();
+                        }
+                        rope(&mut q, self.first_position + desc.tokens() + w);
+                        let at = ((layer * count + w) * q_heads + head * group + g) * d;
+                        data[at..at + d].copy_from_slice(&q);
+                    }
+                }
+            }
+        }
+        Queries { layers, count, q_heads, head_dim: d, data }
+    }
+}
+
+impl Default for Synth {
+    /// A 256-token chunk of a Llama-3-8B-shaped model's first two layers (8 KV heads of 128):
+    /// 2 MiB in bf16.
+    fn default() -> Synth {
+        Synth::new(2, 256, 8, 128, 0)
+    }
+}
+
+/// The fixed statistics of one layer and head.
+struct HeadShape {
+    magnitude: Vec<f32>,
+    bias: Vec<f32>,
+    direction: Vec<f32>,
+    value_scale: Vec<f32>,
+    sink_key: f32,
+    hitter_key: f32,
+}
+
+impl HeadShape {
+    fn new(synth: &Synth, layer: usize, head: usize) -> HeadShape {
+        let d = synth.desc.head_dim();
+        let half = d / 2;
+        let mut rng = Rng::new(mix(synth.seed, layer as u64, head as u64, 0));
+        let mut magnitude: Vec<f32> = (0..d).map(|_| 0.6 + 0.8 * rng.uniform()).collect();
+        let mut bias = vec![0f32; d];
+        let value_scale = (0..d).map(|_| 0.4 + 0.2 * rng.uniform()).collect();
+        // Low-frequency rotary pairs are the last quarter of the pair indices: they turn by
+        // less than a radian over thousands of tokens, so what lives there is stable.
+        let low = (half * 3 / 4).min(half.saturating_sub(1));
+        let pairs = synth.outlier_channels.div_ceil(2).min(half - low.min(half));
+        let mut outliers = Vec::new();
+        while outliers.len() < pairs {
+            let pair = low + (rng.next() % (half - low) as u64) as usize;
+            if !outliers.contains(&pair) {
+                outliers.push(pair);
+            }
+        }
+        for &pair in &outliers {
+            let gain = 5.0 + 15.0 * rng.uniform();
+            for c in [pair, pair + half] {
+                magnitude[c] *= gain;
+                bias[c] = if rng.uniform() < 0.5 { -1.0 } else { 1.0 };
+            }
+        }
+        // The attention direction: the other low-frequency channels, unit length.
+        let mut direction = vec![0f32; d];
+        for pair in low..half {
+            if !outliers.contains(&pair) {
+                direction[pair] = rng.normal();
+                direction[pair + half] = rng.normal();
+            }
+        }
+        let n = direction.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if n > 0.0 {
+            direction.iter_mut().for_each(|x| *x /= n);
+        }
+        // Logit excess of a sink over an ordinary token is about 6, of a heavy hitter 4.
+        let root_d = (d as f32).sqrt();
+        HeadShape {
+            magnitude,
+            bias,
+            direction,
+            value_scale,
+            sink_key: 6.0 * root_d / QUERY_GAIN,
+            hitter_key: 4.0 * root_d / QUERY_GAIN,
+        }
+    }
+}
+
+/// Rotary position embedding, pairs `(i, i + d/2)` (the "rotate half" convention of Llama).
+fn rope(x: &mut [f32], position: usize) {
+    let d = x.len();
+    let half = d / 2;
+    for i in 0..half {
+        let theta = position as f64 * ROPE_BASE.powf(-2.0 * i as f64 / d as f64);
+        let (sin, cos) = (theta.sin() as f32, theta.cos() as f32);
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * cos - b * sin;
+        x[i + half] = a * sin + b * cos;
+    }
+}
+
+fn mix(seed: u64, a: u64, b: u64, stream: u64) -> u64 {
+    let mut s = SplitMix(seed ^ 0x6b76_686f_6172_6400);
+    s.next();
+    let mut x = s.next() ^ a.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x = SplitMix(x).next() ^ b.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    SplitMix(x ^ stream).next()
+}
+
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// xoshiro256++: small, fast, and the same on every machine.
+pub(crate) struct Rng([u64; 4]);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        let mut s = SplitMix(seed);
+        Rng([s.next(), s.next(), s.next(), s.next()])
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        let s = &mut self.0;
+        let result = (s[0].wrapping_add(s[3])).rotate_left(23).wrapping_add(s[0]);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1).
+    pub(crate) fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Standard normal (Box-Muller; one of the pair is discarded to keep the state simple).
+    pub(crate) fn normal(&mut self) -> f32 {
+        let u1 = ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_block() {
+        let synth = Synth::new(2, 32, 2, 64, 7);
+        assert_eq!(synth.generate(), synth.generate());
+        assert_ne!(synth.generate(), Synth::new(2, 32, 2, 64, 8).generate());
+    }
+
+    #[test]
+    fn keys_have_outlier_channels_and_sinks_take_the_attention() {
+        let synth = Synth::new(1, 256, 1, 128, 3);
+        let desc = synth.desc;
+        let bytes = synth.generate();
+        let mut key = vec![0f32; 128];
+        let mut mean_abs = vec![0f32; 128];
+        let mut norms = Vec::new();
+        for t in 0..256 {
+            desc.dtype.load(&bytes[desc.row(0, 0, t) * 2..], &mut key);
+            for (m, &x) in mean_abs.iter_mut().zip(&key) {
+                *m += x.abs() / 256.0;
+            }
+            norms.push(key.iter().map(|x| x * x).sum::<f32>().sqrt());
+        }
+        let mut sorted = mean_abs.clone();
+        sorted.sort_by(f32::total_cmp);
+        let median = sorted[64];
+        assert!(sorted[127] > 4.0 * median, "largest channel {} median {median}", sorted[127]);
+        // Sinks have lower norms than the typical key.
+        let mut sorted_norms = norms.clone();
+        sorted_norms.sort_by(f32::total_cmp);
+        assert!(norms[0] < sorted_norms[128]);
+
+        // Queries put most of their attention on the first four tokens and the heavy hitters.
+        let queries = synth.queries(4, 1);
+        let mut logits = vec![0f32; 256];
+        for (t, logit) in logits.iter_mut().enumerate() {
+            desc.dtype.load(&bytes[desc.row(0, 0, t) * 2..], &mut key);
+            let q = queries.get(0, 0, 0);
+            *logit = q.iter().zip(&key).map(|(a, b)| a * b).sum::<f32>() / 128f32.sqrt();
+        }
+        crate::codec::softmax(&mut logits);
+        let sink_mass: f32 = logits[..4].iter().sum();
+        assert!(sink_mass > 0.3, "sink mass {sink_mass}");
+    }
+}
