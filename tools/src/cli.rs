@@ -138,17 +138,22 @@ pub enum Command {
         #[arg(long, default_value = "synced", value_parser = parse_durability, value_name = "LEVEL")]
         durability: Durability,
     },
-    /// Measure the engine on a fresh volume created in DIR (removed afterwards).
+    /// Measure the engine on a fresh volume created in DIR (removed afterwards), or the codecs.
     ///
     /// throughput: puts --total bytes in --block-size blocks from --threads threads, then gets
     /// them back with O_DIRECT (no page cache); reports MB/s (10^6 bytes per second), latency
     /// percentiles in microseconds and CPU seconds per GB. restart: stores --blocks small blocks
     /// and times opening the volume from its checkpoint and from its log alone, and reports the
     /// index's memory per block. Compare with the disk's own limit measured by fio on the same
-    /// file system (see docs/benchmarks.md).
+    /// file system (see docs/benchmarks.md). `kvhoard bench codecs` measures the compression
+    /// codecs instead (see `kvhoard bench codecs --help`).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Bench {
         /// Directory to create the benchmark volume in (must not hold a volume).
-        dir: PathBuf,
+        #[arg(required = true)]
+        dir: Option<PathBuf>,
+        #[command(subcommand)]
+        suite: Option<BenchSuite>,
         /// What to measure.
         #[arg(long, value_enum, default_value = "throughput")]
         workload: crate::commands::bench::Workload,
@@ -395,4 +400,40 @@ mod tests {
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
     }
+}
+
+/// Benchmarks other than the engine's own.
+#[derive(Debug, Subcommand)]
+pub enum BenchSuite {
+    /// Measure every codec on generated KV blocks: size ratio, compress and decompress GB/s on
+    /// one core, and the attention-output error E.
+    ///
+    /// Blocks come from the synthetic generator (bf16 KV_2LTD, 8 KV heads of 128 channels, 256
+    /// tokens; 2 MiB is 2 layers, 32 MiB is 32 layers, an 8B model's LMCache chunk). GB/s are
+    /// 10^9 bytes of the uncompressed block per second, on one thread. E is the mean over layers
+    /// and heads of the attention-output error on probes derived from the block's keys;
+    /// error_with_queries uses the generator's own queries, lost_mass the attention mass those
+    /// queries put on dropped tokens. quality_ms is the time to compute E for one block.
+    Codecs(CodecsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CodecsArgs {
+    /// Codec to measure (repeatable), e.g. `quant:bits=4` or `drop-knorm:keep=0.5+quant`
+    /// [default: a representative set of every codec].
+    #[arg(long = "codec", value_name = "SPEC")]
+    pub codecs: Vec<String>,
+    /// Block sizes to measure (repeatable): 2MiB or 32MiB, or any multiple of 1 MiB (one layer
+    /// of 256 tokens is 1 MiB).
+    #[arg(long = "size", value_parser = parse_size, value_name = "SIZE", default_values = ["2MiB", "32MiB"])]
+    pub sizes: Vec<u64>,
+    /// Least time spent measuring each direction of each codec, in seconds.
+    #[arg(long, default_value_t = 0.3, value_name = "SECONDS")]
+    pub min_time: f64,
+    /// Seed of the generated blocks.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub seed: u64,
+    /// Print one JSON array, one object per codec and size.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -81,8 +81,10 @@ fn main() -> ExitCode {
         Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
         Command::Inspect { volume, what, namespace, json } => commands::inspect::run(&volume, what, &namespace, json),
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
+        Command::Bench { suite: Some(crate::cli::BenchSuite::Codecs(args)), .. } => commands::bench_codecs::run(&args),
         Command::Bench {
-            dir,
+            dir: Some(dir),
+            suite: None,
             workload,
             block_size,
             total,
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
             };
             commands::bench::run(&dir, &args)
         }
+        Command::Bench { dir: None, .. } => Err(anyhow::anyhow!("bench needs a DIR, or `codecs`")),
     };
     match result {
         Ok(code) => code,

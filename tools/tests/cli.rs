@@ -107,6 +107,41 @@ fn every_subcommand_has_complete_help() {
         assert!(help.len() > 200, "{sub} --help is too thin: {help}");
     }
     assert!(top.contains("Exit codes"));
+    let codecs = ok(&["bench", "codecs", "--help"]);
+    assert!(codecs.contains("Usage: kvhoard bench codecs") && codecs.contains("--codec"), "{codecs}");
+}
+
+#[test]
+fn bench_codecs_reports_the_fields_scripts_read() {
+    let out = ok(&[
+        "bench",
+        "codecs",
+        "--codec",
+        "lossless",
+        "--codec",
+        "drop-knorm:keep=0.5+quant:bits=4",
+        "--size",
+        "1MiB",
+        "--min-time",
+        "0.001",
+        "--json",
+    ]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["codec"], "lossless");
+    assert_eq!(rows[1]["codec"], "drop-knorm+quant");
+    assert_eq!(rows[1]["params"], "keep=0.5,bits=4,group=32,residual=0");
+    for row in &rows {
+        for field in ["size_ratio", "compress_gbps", "decompress_gbps", "error"] {
+            assert!(row[field].as_f64().is_some(), "{field} missing in {row}");
+        }
+    }
+    assert_eq!(rows[0]["error"], 0.0);
+    assert!(rows[1]["size_ratio"].as_f64().unwrap() < 0.2);
+
+    let bad = kvhoard(&["bench", "codecs", "--codec", "quant:bits=3"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("2, 4 or 8"));
 }
 
 #[test]

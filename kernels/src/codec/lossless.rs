@@ -6,9 +6,19 @@
 //! is stored almost as it is (about 1.4x overall). Wider dtypes are split into as many planes as
 //! bytes; one-byte dtypes are one plane.
 //!
-//! Payload: for each plane, most significant first, a u32 length and a zstd frame.
+//! The block is cut into chunks of [`CHUNK_ELEMENTS`] values, and each chunk into its planes:
+//! a decoder inflates one chunk's planes into a buffer that stays in cache and interleaves them
+//! straight into the output, instead of streaming whole-block planes through memory twice.
+//!
+//! Payload: for each chunk, for each plane (most significant first), a u32 length and a zstd
+//! frame.
 
 use crate::Error;
+
+/// Values per chunk: 2 MiB of bf16, so a 2 MiB block is one chunk and a larger one streams
+/// through a plane buffer that stays in cache. Smaller chunks cost ratio and speed (more zstd
+/// frames, shorter windows): 256 KiB chunks decoded 32 MiB blocks at 1.39 GB/s, 2 MiB at 1.54.
+pub(crate) const CHUNK_ELEMENTS: usize = 1 << 20;
 
 /// The compression contexts and plane buffer one worker reuses from block to block.
 pub(crate) struct Contexts {
@@ -39,8 +49,10 @@ impl Contexts {
 }
 
 pub(crate) fn max_payload(raw: usize, width: usize) -> usize {
-    let plane = raw / width;
-    width * (4 + zstd::zstd_safe::compress_bound(plane))
+    let chunk = CHUNK_ELEMENTS * width;
+    let full = raw / chunk;
+    let bound = |bytes: usize| width * (4 + zstd::zstd_safe::compress_bound(bytes / width));
+    full * bound(chunk) + bound(raw % chunk)
 }
 
 pub(crate) fn encode(
@@ -50,72 +62,66 @@ pub(crate) fn encode(
     out: &mut [u8],
     contexts: &mut Contexts,
 ) -> Result<usize, Error> {
-    let plane_len = data.len() / width;
     let mut planes = std::mem::take(&mut contexts.planes);
-    let source: &[u8] = if width == 1 {
-        data
-    } else {
-        planes.resize(data.len(), 0);
-        split(data, width, &mut planes);
-        &planes
-    };
-    let compressor = contexts.compressor(level)?;
-    let mut at = 0;
-    let mut result = Ok(());
-    for plane in source.chunks_exact(plane_len.max(1)).take(width) {
-        if out.len() < at + 4 {
-            result = Err(Error::BufferTooSmall { need: at + 4, have: out.len() });
-            break;
-        }
-        match compressor.compress_to_buffer(plane, &mut out[at + 4..]) {
-            Ok(n) => {
-                out[at..at + 4].copy_from_slice(&(n as u32).to_le_bytes());
-                at += 4 + n;
-            }
-            Err(e) => {
-                result = Err(Error::Zstd(e));
-                break;
+    planes.resize(CHUNK_ELEMENTS * width, 0);
+    let result = (|| {
+        let compressor = contexts.compressor(level)?;
+        let mut at = 0;
+        for chunk in data.chunks(CHUNK_ELEMENTS * width) {
+            let n = chunk.len() / width;
+            let source: &[u8] = if width == 1 {
+                chunk
+            } else {
+                split(chunk, width, &mut planes[..chunk.len()]);
+                &planes[..chunk.len()]
+            };
+            for plane in source.chunks_exact(n) {
+                if out.len() < at + 4 {
+                    return Err(Error::BufferTooSmall { need: at + 4, have: out.len() });
+                }
+                let written = compressor.compress_to_buffer(plane, &mut out[at + 4..]).map_err(Error::Zstd)?;
+                out[at..at + 4].copy_from_slice(&(written as u32).to_le_bytes());
+                at += 4 + written;
             }
         }
-    }
+        Ok(at)
+    })();
     contexts.planes = planes;
-    result.map(|()| at)
+    result
 }
 
 pub(crate) fn decode(payload: &[u8], width: usize, out: &mut [u8], contexts: &mut Contexts) -> Result<(), Error> {
-    let plane_len = out.len() / width;
     let mut planes = std::mem::take(&mut contexts.planes);
+    planes.resize(CHUNK_ELEMENTS * width, 0);
     let result = (|| {
-        let target: &mut [u8] = if width == 1 {
-            &mut *out
-        } else {
-            planes.resize(out.len(), 0);
-            &mut planes
-        };
         let decompressor = contexts.decompressor()?;
         let mut rest = payload;
-        for plane in target.chunks_exact_mut(plane_len.max(1)).take(width) {
-            if rest.len() < 4 {
-                return Err(Error::Corrupt("lossless payload truncated"));
+        for chunk in out.chunks_mut(CHUNK_ELEMENTS * width) {
+            let n = chunk.len() / width;
+            let target: &mut [u8] = if width == 1 { &mut *chunk } else { &mut planes[..chunk.len()] };
+            for plane in target.chunks_exact_mut(n) {
+                if rest.len() < 4 {
+                    return Err(Error::Corrupt("lossless payload truncated"));
+                }
+                let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                let frame = rest.get(4..4 + len).ok_or(Error::Corrupt("lossless plane longer than its payload"))?;
+                let got = decompressor
+                    .decompress_to_buffer(frame, plane)
+                    .map_err(|_| Error::Corrupt("lossless plane does not decompress"))?;
+                if got != plane.len() {
+                    return Err(Error::Corrupt("lossless plane has the wrong length"));
+                }
+                rest = &rest[4 + len..];
             }
-            let n = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            let frame = rest.get(4..4 + n).ok_or(Error::Corrupt("lossless plane longer than its payload"))?;
-            let got = decompressor
-                .decompress_to_buffer(frame, plane)
-                .map_err(|_| Error::Corrupt("lossless plane does not decompress"))?;
-            if got != plane.len() {
-                return Err(Error::Corrupt("lossless plane has the wrong length"));
+            if width > 1 {
+                merge(&planes[..chunk.len()], width, chunk);
             }
-            rest = &rest[4 + n..];
         }
         if !rest.is_empty() {
             return Err(Error::Corrupt("bytes after the last lossless plane"));
         }
         Ok(())
     })();
-    if result.is_ok() && width > 1 {
-        merge(&planes, width, out);
-    }
     contexts.planes = planes;
     result
 }

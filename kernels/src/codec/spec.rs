@@ -51,7 +51,9 @@ pub enum DropMethod {
     SnapKv { pool: u32 },
 }
 
-pub const DEFAULT_LEVEL: i32 = 3;
+/// zstd level 1: on bf16 KV planes it compresses as well as level 3 (0.69 against 0.72 of the
+/// raw size on generated blocks) and decompresses 1.5x faster (`kvhoard bench codecs`).
+pub const DEFAULT_LEVEL: i32 = 1;
 pub const DEFAULT_BITS: u8 = 4;
 pub const DEFAULT_GROUP: u32 = 32;
 pub const DEFAULT_SINK: u32 = 4;

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_codecs;
 pub mod demo;
 pub mod fsck;
 pub mod init;
