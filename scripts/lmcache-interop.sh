@@ -3,7 +3,9 @@
 #   - LMCache's own check, `python -m lmcache.v1.basic_check --mode test_remote`, over lm://;
 #   - LMCache's RemoteBackend storing and loading chunk-shaped objects (32 MiB KV_2LTD bf16 and
 #     2 MiB) over lm://, resp:// (native client) and redis:// (redis-py), bytes compared;
-#   - the server stopped with SIGTERM and started again: LMCache still finds every object.
+#   - the server stopped with SIGTERM and started again: LMCache still finds every object;
+#   - the kvhoard Python package (tools/python) built into the environment: its tests, and
+#     `lmcache bench l2` driving kvhoard.lmcache.NativePlugin with data verification.
 #
 #   scripts/lmcache-interop.sh --install   create the Python environment (about 6 GB: torch
 #                                          from PyPI bundles CUDA libraries; several minutes)
@@ -18,6 +20,7 @@ export LMCACHE_TRACK_USAGE=false
 
 if [ "${1:-}" = --install ]; then
   if "$py" -c 'import lmcache, torch, redis' 2>/dev/null; then
+    "$venv/bin/pip" install -q "maturin>=1.5,<2" pytest
     echo "LMCache environment ready at $venv"
     exit 0
   fi
@@ -30,7 +33,8 @@ if [ "${1:-}" = --install ]; then
     psutil "prometheus_client<=0.24.1" "opentelemetry-api==1.40.0" "opentelemetry-sdk==1.40.0" \
     "opentelemetry-exporter-prometheus==0.61b0" nvtx cachetools blake3 pyzmq py-cpuinfo numba \
     safetensors aiohttp httpx fastapi uvicorn cryptography requests "huggingface_hub>=1.5.0" awscrt \
-    "grpcio>=1.78.0" "protobuf>=6.31.1,<7" httptools "transformers>=5.4" lmcache-rust-raw-block-io
+    "grpcio>=1.78.0" "protobuf>=6.31.1,<7" httptools "transformers>=5.4" lmcache-rust-raw-block-io \
+    "maturin>=1.5,<2" pytest
   "$py" -c 'import lmcache, torch, redis'
   echo "LMCache environment ready at $venv"
   exit 0
@@ -126,5 +130,28 @@ if [ -e /dev/fuse ] && [ "$(id -u)" = 0 ]; then
   kill -TERM "$server_pid"; wait "$server_pid"; server_pid=
 else
   echo "== fs:// on a mount: SKIPPED (needs root and /dev/fuse)"
+fi
+
+if "$py" -c 'import maturin, pytest' 2>/dev/null; then
+  echo "== the kvhoard Python package: build, tests"
+  (cd tools/python && VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH maturin develop --release --locked -q >"$work/maturin.log" 2>&1) || {
+    cat "$work/maturin.log"
+    echo "lmcache interop: FAILED: building the Python package"
+    exit 1
+  }
+  "$py" -m pytest -q -p no:cacheprovider tests/python
+  echo "== lmcache bench l2 with kvhoard.lmcache.NativePlugin (data verified)"
+  adapter='{"type": "native_plugin", "module_path": "kvhoard.lmcache", "class_name": "NativePlugin",
+    "adapter_params": {"path": "'$work/plugin'", "create": true, "capacity": 1073741824, "segment_size": 16777216}}'
+  (cd "$work" && LMCACHE_DISABLE_BANNER=1 timeout 300 "$venv/bin/lmcache" bench l2 --l2-adapter "$adapter" \
+    --num-keys 8 --data-size-kb 256 --rounds 2 --no-skip-verify --format json --output "$work/l2.json" \
+    >"$work/l2.log" 2>&1) || {
+    cat "$work/l2.log"
+    echo "lmcache interop: FAILED: lmcache bench l2 with the native plugin"
+    exit 1
+  }
+  "$py" tests/python/check_l2_bench.py "$work/l2.json"
+else
+  echo "== the Python package: SKIPPED (maturin or pytest missing; run scripts/lmcache-interop.sh --install)"
 fi
 echo "lmcache interop: passed"

@@ -1,0 +1,162 @@
+"""The kvhoard Python package: Store and LMCache's NativePlugin, against a real volume."""
+
+import os
+import select
+import threading
+
+import pytest
+
+import kvhoard
+from kvhoard.lmcache import NativePlugin
+
+
+def chunk(seed, size=256 * 1024):
+    return bytes((i * 31 + seed) % 251 for i in range(size))
+
+
+def test_store_put_get_contains_delete(tmp_path):
+    path = str(tmp_path / "vol")
+    with kvhoard.Store(path, create=True, capacity=64 << 20, segment_size=4 << 20) as store:
+        data = chunk(1)
+        digest = store.put("org/model@1@0@-3f2a@bfloat16", data)
+        assert len(digest) == 32
+        assert store.contains("org/model@1@0@-3f2a@bfloat16")
+        assert store.get("org/model@1@0@-3f2a@bfloat16") == data
+        out = bytearray(len(data) + 100)
+        assert store.get_into("org/model@1@0@-3f2a@bfloat16", out) == len(data)
+        assert out[: len(data)] == data
+        view = memoryview(bytearray(len(data)))
+        assert store.get_into("org/model@1@0@-3f2a@bfloat16", view) == len(data)
+        assert bytes(view) == data
+        assert store.get("missing") is None
+        assert store.get_into("missing", out) is None
+        assert store.delete("org/model@1@0@-3f2a@bfloat16")
+        assert not store.delete("org/model@1@0@-3f2a@bfloat16")
+        assert not store.contains("org/model@1@0@-3f2a@bfloat16")
+
+
+def test_batches_and_reopen(tmp_path):
+    path = str(tmp_path / "vol")
+    keys = [f"k{i}" for i in range(8)]
+    blocks = [chunk(i, 64 * 1024) for i in range(8)]
+    store = kvhoard.Store(path, create=True, capacity=64 << 20, segment_size=4 << 20, durability="synced")
+    store.put_batch(keys, blocks)
+    store.close()
+    del store
+    store = kvhoard.Store(path)
+    assert store.contains_batch(keys + ["nope"]) == [True] * 8 + [False]
+    outs = [bytearray(64 * 1024) for _ in range(9)]
+    assert store.get_batch_into(keys + ["nope"], outs) == [64 * 1024] * 8 + [None]
+    assert [bytes(o) for o in outs[:8]] == blocks
+
+
+def test_threads_share_a_store(tmp_path):
+    store = kvhoard.Store(str(tmp_path / "vol"), create=True, capacity=128 << 20, segment_size=4 << 20)
+    errors = []
+
+    def worker(n):
+        try:
+            for i in range(20):
+                data = chunk(n * 100 + i, 32 * 1024)
+                store.put(f"t{n}/{i}", data)
+                assert store.get(f"t{n}/{i}") == data
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    with pytest.raises(kvhoard.KvhoardError, match="not a kvhoard volume|No such file"):
+        kvhoard.Store(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="durability"):
+        kvhoard.Store(str(tmp_path / "v"), create=True, durability="sometimes")
+    store = kvhoard.Store(str(tmp_path / "v2"), create=True, capacity=64 << 20, segment_size=4 << 20)
+    store.put("k", b"x" * 1000)
+    with pytest.raises(ValueError, match="read-only"):
+        store.get_into("k", b"\0" * 1000)
+    with pytest.raises(kvhoard.KvhoardError, match="too small"):
+        store.get_into("k", bytearray(10))
+    with pytest.raises(TypeError):
+        store.put("k", 12345)
+    with pytest.raises(ValueError, match="one buffer per key"):
+        store.put_batch(["a", "b"], [b"1"])
+    with pytest.raises(kvhoard.KvhoardError, match="invalid key"):
+        store.put("", b"x")
+    # The store keeps serving after every error.
+    assert store.get("k") == b"x" * 1000
+
+
+def wait_for(plugin, future_id, timeout=10.0):
+    """Polls the eventfd as LMCache's adapter does until `future_id` completes."""
+    poller = select.poll()
+    poller.register(plugin.event_fd(), select.POLLIN)
+    seen = {}
+    while future_id not in seen:
+        assert poller.poll(int(timeout * 1000)), "no completion before the timeout"
+        for fid, ok, error, results in plugin.drain_completions():
+            seen[fid] = (ok, error, results)
+    return seen[future_id]
+
+
+def test_native_plugin_round_trip_and_restart(tmp_path):
+    path = str(tmp_path / "vol")
+    plugin = NativePlugin(path=path, create=True, capacity=64 << 20, segment_size=4 << 20, threads=2)
+    keys = [f"model@1@0@{i:x}@bfloat16" for i in range(6)]
+    blocks = [chunk(i, 128 * 1024) for i in range(6)]
+    ok, error, results = wait_for(plugin, plugin.submit_batch_set(keys, [memoryview(b) for b in blocks]))
+    assert ok and error == "" and results == [True] * 6
+    ok, _, results = wait_for(plugin, plugin.submit_batch_exists(keys + ["absent"]))
+    assert ok and results == [True] * 6 + [False]
+    outs = [bytearray(128 * 1024) for _ in range(7)]
+    ok, _, results = wait_for(plugin, plugin.submit_batch_get(keys + ["absent"], [memoryview(o) for o in outs]))
+    assert results == [True] * 6 + [False]
+    assert [bytes(o) for o in outs[:6]] == blocks
+    ok, _, results = wait_for(plugin, plugin.submit_batch_delete([keys[0], "absent"]))
+    assert ok and results == [True, False]
+    plugin.close()
+    plugin.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        plugin.submit_batch_exists(keys)
+    del plugin
+
+    # What was stored survives a restart.
+    plugin = NativePlugin(path=path)
+    _, _, results = wait_for(plugin, plugin.submit_batch_exists(keys))
+    assert results == [False] + [True] * 5
+    plugin.close()
+
+
+def test_native_plugin_reports_failures_per_key(tmp_path):
+    plugin = NativePlugin(path=str(tmp_path / "vol"), create=True, capacity=64 << 20, segment_size=4 << 20)
+    ok, _, results = wait_for(plugin, plugin.submit_batch_set(["good", ""], [b"a" * 100, b"b" * 100]))
+    assert not ok and results == [True, False]
+    small = bytearray(10)
+    ok, error, results = wait_for(plugin, plugin.submit_batch_get(["good"], [memoryview(small)]))
+    assert not ok and "too small" in error and results == [False]
+    with pytest.raises(ValueError, match="read-only"):
+        plugin.submit_batch_get(["good"], [b"x" * 100])
+    plugin.close()
+
+
+def test_many_batches_in_flight(tmp_path):
+    plugin = NativePlugin(path=str(tmp_path / "vol"), create=True, capacity=128 << 20, segment_size=4 << 20, threads=4)
+    ids = [plugin.submit_batch_set([f"b{i}"], [chunk(i, 64 * 1024)]) for i in range(32)]
+    poller = select.poll()
+    poller.register(plugin.event_fd(), select.POLLIN)
+    done = {}
+    while len(done) < len(ids):
+        assert poller.poll(10000)
+        for fid, ok, _, results in plugin.drain_completions():
+            done[fid] = ok and results == [True]
+    assert all(done[i] for i in ids)
+    plugin.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
