@@ -253,7 +253,7 @@ impl Drop for NativePlugin {
     fn drop(&mut self) {
         // Workers hold the shared state; stop them before the eventfd goes. The sender is
         // dropped with `self.jobs`, so they exit once their queue is empty.
-        self.jobs.get_mut().map(Option::take).ok();
+        drop(self.jobs.get_mut().unwrap_or_else(|p| p.into_inner()).take());
         for worker in std::mem::take(self.workers.get_mut().unwrap_or_else(|p| p.into_inner())) {
             let _ = worker.join();
         }
