@@ -61,12 +61,9 @@ impl Header {
         }
     }
 
-    pub fn len(&self) -> usize {
+    /// Bytes of the encoded header, its checksum included.
+    pub fn encoded_len(&self) -> usize {
         FIXED + self.selections() * bitmap_len(self.desc.tokens()) + 4
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     fn selections(&self) -> usize {
@@ -77,9 +74,9 @@ impl Header {
         }
     }
 
-    /// Writes the header to the start of `out`, which must hold [`Header::len`] bytes.
+    /// Writes the header to the start of `out`, which must hold [`Header::encoded_len`] bytes.
     pub fn write(&self, out: &mut [u8]) -> usize {
-        let len = self.len();
+        let len = self.encoded_len();
         let out = &mut out[..len];
         out.fill(0);
         out[0..4].copy_from_slice(&MAGIC);
@@ -254,7 +251,7 @@ impl Header {
 /// Reads the header and checks the payload's length and checksum; returns both.
 pub fn parse(frame: &[u8]) -> Result<(Header, &[u8]), Error> {
     let header = Header::read(frame)?;
-    let payload = &frame[header.len()..];
+    let payload = &frame[header.encoded_len()..];
     if payload.len() as u64 != header.payload_len {
         return Err(Error::Corrupt("payload length does not match the header"));
     }

@@ -102,7 +102,7 @@ pub fn estimate(
         let k_hat = load(&out_desc, decoded_bytes, 0, layer, kept);
         let v_hat = load(&out_desc, decoded_bytes, 1, layer, kept);
         for h in 0..heads {
-            let head = |m: &[f32], t: usize| -> Vec<f32> { m[t * c + h * d..t * c + (h + 1) * d].to_vec() };
+            let value = |t: usize| &v[t * c + h * d..t * c + (h + 1) * d];
             let mut kept_mask = vec![false; tokens];
             for i in 0..kept {
                 let t = decoded.positions.position(layer, h, kept, i);
@@ -144,8 +144,8 @@ pub fn estimate(
             let n = probes.len().max(1) as f64;
             let rms_v = ((0..tokens)
                 .map(|t| {
-                    let row = head(&v, t);
-                    dot(&row, &row) as f64
+                    let row = value(t);
+                    dot(row, row) as f64
                 })
                 .sum::<f64>()
                 / tokens as f64)

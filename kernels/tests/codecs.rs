@@ -174,11 +174,11 @@ fn frames_describe_themselves_and_reject_damage() {
         // Every truncation and every single flipped bit in the header is rejected; a flipped
         // payload bit is caught by the payload checksum.
         let mut out = vec![0; decoded_size(good).unwrap()];
-        for len in [0, 1, 10, header.len() - 1, header.len(), n - 1] {
+        for len in [0, 1, 10, header.encoded_len() - 1, header.encoded_len(), n - 1] {
             assert!(codec.decompress(&good[..len], &mut out).is_err(), "{text} len {len}");
         }
         let mut damaged = good.to_vec();
-        for byte in (0..header.len()).chain([header.len(), n - 1]) {
+        for byte in (0..header.encoded_len()).chain([header.encoded_len(), n - 1]) {
             for bit in [0, 5] {
                 damaged[byte] ^= 1 << bit;
                 assert!(codec.decompress(&damaged, &mut out).is_err(), "{text}: flip at {byte}.{bit} accepted");

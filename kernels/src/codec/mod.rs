@@ -184,9 +184,7 @@ impl Codec for CpuCodec {
             )));
         }
         let spec = self.spec;
-        if !desc.is_tensor() && spec.drop.is_some()
-            || !desc.is_tensor() && matches!(spec.encoding, Encoding::Quant { .. })
-        {
+        if !desc.is_tensor() && (spec.drop.is_some() || matches!(spec.encoding, Encoding::Quant { .. })) {
             return Err(Error::Unsupported(format!(
                 "{spec} needs a KV tensor layout; an opaque block can only be stored raw or lossless"
             )));
@@ -204,7 +202,7 @@ impl Codec for CpuCodec {
                 }
             };
             let mut header = Header { spec, desc, kept_tokens, positions, payload_len: 0, payload_crc: 0 };
-            let header_len = header.len();
+            let header_len = header.encoded_len();
             if out.len() < header_len {
                 return Err(Error::BufferTooSmall { need: self.max_stored_size(&desc), have: out.len() });
             }
