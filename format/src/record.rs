@@ -79,6 +79,29 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// Every dtype with its name, in code order. Names are stable: scripts and the Python package
+    /// read them.
+    pub const NAMES: [(Dtype, &'static str); 8] = [
+        (Dtype::Bytes, "bytes"),
+        (Dtype::F16, "f16"),
+        (Dtype::Bf16, "bf16"),
+        (Dtype::F32, "f32"),
+        (Dtype::F8E4M3, "f8e4m3"),
+        (Dtype::F8E5M2, "f8e5m2"),
+        (Dtype::U8, "u8"),
+        (Dtype::F64, "f64"),
+    ];
+
+    /// The dtype's short name (`bf16`, `f8e4m3`, ...).
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(d, _)| *d == self).map_or("bytes", |(_, n)| n)
+    }
+
+    /// The dtype called `name` (see [`Dtype::NAMES`]).
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        Self::NAMES.iter().find(|(_, n)| *n == name).map(|(d, _)| *d)
+    }
+
     /// Bytes per element.
     pub fn size_bytes(self) -> u64 {
         match self {
@@ -131,6 +154,31 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// Every layout with its name, in code order. Names are stable: scripts and the Python package
+    /// read them.
+    pub const NAMES: [(Layout, &'static str); 10] = [
+        (Layout::Opaque, "opaque"),
+        (Layout::Kv2Ltd, "kv_2ltd"),
+        (Layout::VllmPaged, "vllm_paged"),
+        (Layout::KvT2d, "kv_t2d"),
+        (Layout::Kv2Td, "kv_2td"),
+        (Layout::Binary, "binary"),
+        (Layout::BinaryBuffer, "binary_buffer"),
+        (Layout::KvMla, "kv_mla"),
+        (Layout::EcTd, "ec_td"),
+        (Layout::HsTd, "hs_td"),
+    ];
+
+    /// The layout's short name (`kv_2ltd`, `vllm_paged`, ...).
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(l, _)| *l == self).map_or("opaque", |(_, n)| n)
+    }
+
+    /// The layout called `name` (see [`Layout::NAMES`]).
+    pub fn from_name(name: &str) -> Option<Layout> {
+        Self::NAMES.iter().find(|(_, n)| *n == name).map(|(l, _)| *l)
+    }
+
     fn from_u8(v: u8) -> Result<Self, FormatError> {
         Ok(match v {
             0 => Layout::Opaque,
@@ -197,7 +245,7 @@ impl BlockDesc {
                 return Err(FormatError::invalid(
                     WHAT,
                     "shape",
-                    format!("layout {:?} needs {ndim} dimensions, got {}", self.layout, self.shape.len()),
+                    format!("layout {} needs {ndim} dimensions, got {}", self.layout.name(), self.shape.len()),
                 ));
             }
         }
@@ -210,7 +258,7 @@ impl BlockDesc {
             _ => Err(FormatError::invalid(
                 WHAT,
                 "shape",
-                format!("shape {:?} of {:?} does not describe {raw_len} bytes", self.shape, self.dtype),
+                format!("shape {:?} of {} does not describe {raw_len} bytes", self.shape, self.dtype.name()),
             )),
         }
     }
@@ -545,6 +593,23 @@ mod tests {
             desc: BlockDesc { dtype: Dtype::Bf16, layout: Layout::Kv2Ltd, shape: vec![2, 4, 256, 512] },
             compression: CompressionMeta::none(),
         }
+    }
+
+    #[test]
+    fn names_cover_every_code_once() {
+        for (i, (dtype, name)) in Dtype::NAMES.iter().enumerate() {
+            assert_eq!(Dtype::from_u8(i as u8).unwrap(), *dtype);
+            assert_eq!(Dtype::from_name(name), Some(*dtype));
+            assert_eq!(dtype.name(), *name);
+        }
+        for (i, (layout, name)) in Layout::NAMES.iter().enumerate() {
+            assert_eq!(Layout::from_u8(i as u8).unwrap(), *layout);
+            assert_eq!(Layout::from_name(name), Some(*layout));
+            assert_eq!(layout.name(), *name);
+        }
+        assert!(Dtype::from_u8(Dtype::NAMES.len() as u8).is_err());
+        assert!(Layout::from_u8(Layout::NAMES.len() as u8).is_err());
+        assert_eq!(Dtype::from_name("bfloat16"), None);
     }
 
     #[test]

@@ -155,6 +155,30 @@ fn a_volume_open_twice_in_one_process_is_refused() {
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
 }
 
+#[test]
+fn close_releases_the_volume_while_the_handle_lives_and_the_handle_then_refuses_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = create(dir.path());
+    first.put("default", "k", b"kept", &PutOptions::default()).unwrap();
+    first.close().unwrap();
+    // Someone else (here: a new handle in this process) takes the volume over.
+    let second = Store::open(&dir.path().join("vol"), StoreOptions::default()).unwrap();
+    assert_eq!(&*second.get("default", "k", ReadOptions::default()).unwrap().unwrap(), b"kept");
+    second.put("default", "k2", b"new owner", &PutOptions::default()).unwrap();
+    // The closed handle neither reads nor writes what the new owner may be changing.
+    for err in [
+        first.get("default", "k", ReadOptions::default()).map(|_| ()).unwrap_err(),
+        first.contains("default", "k").map(|_| ()).unwrap_err(),
+        first.meta("default", "k").map(|_| ()).unwrap_err(),
+        first.put("default", "k3", b"x", &PutOptions::default()).map(|_| ()).unwrap_err(),
+    ] {
+        assert!(matches!(err, StoreError::Closed), "{err}");
+    }
+    first.close().unwrap();
+    drop(first);
+    assert!(second.contains("default", "k2").unwrap());
+}
+
 /// A loop device over a file, detached on drop.
 struct LoopDevice(String);
 

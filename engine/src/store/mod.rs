@@ -17,7 +17,7 @@ pub use stats::{NamespaceStats, Stats};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
@@ -77,7 +77,11 @@ struct Inner {
     ssd: TierCounters,
     ssd_latency: LatencyHistogram,
     recovery: RecoveryReport,
-    _lock: Option<File>,
+    /// Set by `close`: later reads fail instead of reading a volume another process may own.
+    closed: AtomicBool,
+    /// The volume's exclusive lock; released by `close`, so the volume can be opened again by
+    /// this or another process while this handle is still alive.
+    lock: Mutex<Option<File>>,
 }
 
 #[derive(Debug)]
@@ -235,7 +239,8 @@ impl Store {
             ssd: TierCounters::default(),
             ssd_latency: LatencyHistogram::default(),
             recovery: recovered.report,
-            _lock: lock,
+            closed: AtomicBool::new(false),
+            lock: Mutex::new(lock),
         });
         let writer = write::spawn_writer(Arc::clone(&inner), queue_depth)?;
         let store = Store { inner, writer: Mutex::new(Some(writer)) };
@@ -259,7 +264,8 @@ impl Store {
 
     /// Writes everything buffered, seals the open segment, syncs and writes a checkpoint. The
     /// next open reads the checkpoint and nothing else; its first write resumes the segment
-    /// sealed here if it has room.
+    /// sealed here if it has room. Releases the volume's lock, so it can be opened again while
+    /// this handle lives; every later call on this handle fails with [`StoreError::Closed`].
     pub fn close(&self) -> Result<()> {
         self.stop_writer();
         let mut log = self.inner.lock_log();
@@ -267,13 +273,19 @@ impl Store {
             return Ok(());
         }
         log.closed = true;
-        if let Some(reason) = &log.poisoned {
-            return Err(StoreError::Poisoned { reason: reason.clone() });
-        }
-        if let Some(seq) = log.open.as_ref().map(|o| o.seq) {
-            log = self.inner.seal_open(log, seq)?;
-        }
-        self.inner.checkpoint(&mut log)
+        self.inner.closed.store(true, Ordering::Release);
+        let poisoned = log.poisoned.clone();
+        let result = match poisoned {
+            Some(reason) => Err(StoreError::Poisoned { reason }),
+            None => match log.open.as_ref().map(|o| o.seq) {
+                Some(seq) => self.inner.seal_open(log, seq).and_then(|mut log| self.inner.checkpoint(&mut log)),
+                None => self.inner.checkpoint(&mut log),
+            },
+        };
+        // Whatever the outcome, this handle writes no more: the next open (replaying the log if
+        // the checkpoint failed) may take the volume.
+        self.inner.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        result
     }
 
     fn stop_writer(&self) {
@@ -343,6 +355,14 @@ impl Inner {
 
     /// Waits until no record of segment use `seq` is in flight, then seals it. If another
     /// thread sealed it meanwhile, does nothing: the segment open now is not the full one.
+    /// Fails once the store is closed.
+    fn ensure_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+
     fn seal_open<'a>(&'a self, mut log: MutexGuard<'a, LogState>, seq: u64) -> Result<MutexGuard<'a, LogState>> {
         while log.open.as_ref().is_some_and(|o| o.seq == seq && !o.in_flight.is_empty()) && log.poisoned.is_none() {
             log = self.written.wait(log).unwrap_or_else(|e| e.into_inner());

@@ -153,6 +153,7 @@ impl Store {
     /// The block stored under `key`, or `None` if there is none (never stored, deleted, expired,
     /// evicted, or damaged: a damaged block is logged and counted in `stats().read_errors`).
     pub fn get(&self, namespace: &str, key: &str, opts: ReadOptions) -> Result<Option<Block>> {
+        self.inner.ensure_open()?;
         validate_namespace(namespace)?;
         validate_key(key)?;
         let inner = &self.inner;
@@ -175,6 +176,7 @@ impl Store {
     /// answers these on its network thread and sends only [`Resident::OnDevice`] keys to a
     /// thread that may block on [`Store::get`]).
     pub fn get_resident(&self, namespace: &str, key: &str, opts: ReadOptions) -> Result<Resident> {
+        self.inner.ensure_open()?;
         validate_namespace(namespace)?;
         validate_key(key)?;
         let inner = &self.inner;
@@ -205,6 +207,7 @@ impl Store {
     /// miss. Reads only the record's header (one 4 KiB unit, usually), never the payload;
     /// served from memory when the block is in the DRAM tier or not yet written.
     pub fn meta(&self, namespace: &str, key: &str) -> Result<Option<BlockMeta>> {
+        self.inner.ensure_open()?;
         validate_namespace(namespace)?;
         validate_key(key)?;
         let inner = &self.inner;
@@ -287,6 +290,7 @@ impl Store {
 
     /// `contains` for many keys under one index lock.
     pub fn contains_batch(&self, namespace: &str, keys: &[&str]) -> Result<Vec<bool>> {
+        self.inner.ensure_open()?;
         validate_namespace(namespace)?;
         keys.iter().try_for_each(|k| validate_key(k))?;
         let now = self.inner.clock.now_unix_s();
@@ -296,6 +300,7 @@ impl Store {
 
     /// The block with content hash `hash` in `namespace`, whatever key names it.
     pub fn get_by_hash(&self, namespace: &str, hash: &[u8; 32], opts: ReadOptions) -> Result<Option<Block>> {
+        self.inner.ensure_open()?;
         validate_namespace(namespace)?;
         let inner = &self.inner;
         let cfp = content_fp(namespace, hash);
@@ -312,6 +317,7 @@ impl Store {
     /// One page of the live keys of `namespace`, oldest record first, starting after `cursor`.
     /// Reads segment summaries, not payloads; holds no lock while it reads.
     pub fn list(&self, namespace: &str, cursor: Option<ListCursor>, limit: usize) -> Result<ListPage> {
+        self.inner.ensure_open()?;
         validate_namespace(namespace)?;
         let inner = &self.inner;
         let after = cursor.map(|c| c.0);

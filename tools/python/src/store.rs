@@ -2,10 +2,11 @@
 
 use std::path::PathBuf;
 
-use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, StoreOptions};
+use kvhoard_engine::format::record::{BlockDesc, Dtype, Layout};
+use kvhoard_engine::{BlockMeta, CreateOptions, Durability, PutOptions, ReadOptions, StoreOptions};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffers::Region;
 use crate::engine_error;
@@ -78,13 +79,33 @@ impl Store {
     }
 
     /// Stores the bytes of `data` (any byte buffer) under `key`; returns the blake3 hash.
-    fn put<'py>(&self, py: Python<'py>, key: &str, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    ///
+    /// `desc=(layout, dtype, shape)` says what the bytes are (for example
+    /// `("kv_2ltd", "bf16", (2, 32, 256, 1024))`); `describe` returns it. Without it the block is
+    /// opaque bytes.
+    #[pyo3(signature = (key, data, *, desc=None))]
+    fn put<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        data: &Bound<'py, PyAny>,
+        desc: Option<DescArg>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let region = Region::readable(data)?;
+        let opts = self.put_options(desc.map(DescArg::into_desc).transpose()?);
         // SAFETY: the caller does not write to `data` during the call (see `Region::bytes`).
         let hash = py
-            .detach(|| self.engine.put(&self.namespace, key, unsafe { region.bytes() }, &self.put))
+            .detach(|| self.engine.put(&self.namespace, key, unsafe { region.bytes() }, &opts))
             .map_err(engine_error)?;
         Ok(PyBytes::new(py, &hash))
+    }
+
+    /// What is stored under `key`, without reading its bytes, or None: a dict with `size`,
+    /// `stored_size`, `hash`, `layout`, `dtype`, `shape` (as given to `put`; `opaque`, `bytes`
+    /// and `[]` for plain bytes), `compressed` and `created_unix_ms`.
+    fn describe<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let meta = py.detach(|| self.engine.meta(&self.namespace, key)).map_err(engine_error)?;
+        meta.map(|m| describe_dict(py, &m)).transpose()
     }
 
     /// Reads the block under `key` into `out` (a writable byte buffer at least as large);
@@ -117,21 +138,42 @@ impl Store {
         py.detach(|| self.engine.delete(&self.namespace, key, self.put.durability)).map_err(engine_error)
     }
 
-    /// Stores many blocks; returns their hashes.
+    /// Stores many blocks; returns their hashes. `descs`, if given, holds one `desc` (see `put`)
+    /// or None per block. Blocks with the same description are committed together.
+    #[pyo3(signature = (keys, data, *, descs=None))]
     fn put_batch<'py>(
         &self,
         py: Python<'py>,
         keys: Vec<String>,
         data: Vec<Bound<'py, PyAny>>,
+        descs: Option<Vec<Option<DescArg>>>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         same_length(keys.len(), data.len())?;
+        let descs = match descs {
+            Some(d) => {
+                same_length(keys.len(), d.len())?;
+                d.into_iter().map(|d| d.map(DescArg::into_desc).transpose()).collect::<PyResult<Vec<_>>>()?
+            }
+            None => vec![None; keys.len()],
+        };
         let regions = data.iter().map(|d| Region::readable(d)).collect::<PyResult<Vec<_>>>()?;
         let hashes = py
             .detach(|| {
-                // SAFETY: the caller does not write to the buffers during the call.
-                let items: Vec<(&str, &[u8])> =
-                    keys.iter().zip(&regions).map(|(k, r)| (k.as_str(), unsafe { r.bytes() })).collect();
-                self.engine.put_batch(&self.namespace, &items, &self.put)
+                let mut hashes = Vec::with_capacity(keys.len());
+                let mut start = 0;
+                for group in descs.chunk_by(|a, b| a == b) {
+                    let end = start + group.len();
+                    let opts = self.put_options(group.first().cloned().flatten());
+                    // SAFETY: the caller does not write to the buffers during the call.
+                    let items: Vec<(&str, &[u8])> = keys[start..end]
+                        .iter()
+                        .zip(&regions[start..end])
+                        .map(|(k, r)| (k.as_str(), unsafe { r.bytes() }))
+                        .collect();
+                    hashes.extend(self.engine.put_batch(&self.namespace, &items, &opts)?);
+                    start = end;
+                }
+                Ok::<_, kvhoard_engine::StoreError>(hashes)
             })
             .map_err(engine_error)?;
         Ok(hashes.iter().map(|h| PyBytes::new(py, h)).collect())
@@ -179,6 +221,45 @@ impl Store {
         self.close(py)?;
         Ok(false)
     }
+}
+
+impl Store {
+    fn put_options(&self, desc: Option<BlockDesc>) -> PutOptions {
+        PutOptions { desc, ..self.put.clone() }
+    }
+}
+
+/// `(layout, dtype, shape)` as Python passes it.
+#[derive(FromPyObject)]
+pub(crate) struct DescArg(String, String, Vec<u64>);
+
+impl DescArg {
+    fn into_desc(self) -> PyResult<BlockDesc> {
+        let DescArg(layout, dtype, shape) = self;
+        let names = |all: &[&str]| all.join(", ");
+        let layout = Layout::from_name(&layout).ok_or_else(|| {
+            let all: Vec<&str> = Layout::NAMES.iter().map(|(_, n)| *n).collect();
+            PyValueError::new_err(format!("unknown layout {layout:?}; expected one of {}", names(&all)))
+        })?;
+        let dtype = Dtype::from_name(&dtype).ok_or_else(|| {
+            let all: Vec<&str> = Dtype::NAMES.iter().map(|(_, n)| *n).collect();
+            PyValueError::new_err(format!("unknown dtype {dtype:?}; expected one of {}", names(&all)))
+        })?;
+        Ok(BlockDesc { dtype, layout, shape })
+    }
+}
+
+fn describe_dict<'py>(py: Python<'py>, meta: &BlockMeta) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("size", meta.raw_len)?;
+    d.set_item("stored_size", meta.stored_len)?;
+    d.set_item("hash", PyBytes::new(py, &meta.content_hash))?;
+    d.set_item("layout", meta.desc.layout.name())?;
+    d.set_item("dtype", meta.desc.dtype.name())?;
+    d.set_item("shape", meta.desc.shape.clone())?;
+    d.set_item("compressed", meta.compression.codec_id != kvhoard_engine::format::record::CompressionMeta::CODEC_NONE)?;
+    d.set_item("created_unix_ms", meta.created_unix_ms)?;
+    Ok(d)
 }
 
 pub(crate) fn same_length(keys: usize, buffers: usize) -> PyResult<()> {
