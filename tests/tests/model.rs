@@ -116,11 +116,19 @@ fn value_bytes((seed, len): Value) -> Vec<u8> {
     block(u64::from(seed), len as usize)
 }
 
+/// Reads `key` with `get` and with `get_into` (into an aligned buffer, so large values are read
+/// straight into it); both must agree.
 fn read(store: &Store, key: u8) -> Result<Option<Vec<u8>>, TestCaseError> {
-    let got = store
-        .get("default", &format!("key-{key}"), ReadOptions { verify_hash: true })
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    Ok(got.map(|b| b.to_vec()))
+    let name = format!("key-{key}");
+    let opts = ReadOptions { verify_hash: true };
+    let got = store.get("default", &name, opts).map_err(|e| TestCaseError::fail(e.to_string()))?.map(|b| b.to_vec());
+    let mut buf = kvhoard_engine::AlignedBuf::zeroed(160 * 1024);
+    let into = store.get_into("default", &name, &mut buf, opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let into = into.map(|(_, n)| buf[..n].to_vec());
+    if into != got {
+        return Err(TestCaseError::fail(format!("key {key}: get_into and get disagree")));
+    }
+    Ok(got)
 }
 
 /// Where the volume lives.

@@ -82,6 +82,11 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn capacity_bytes(&self) -> u64;
     /// Reads exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError>;
+    /// Reads several ranges, each as `read_at` would. A backend may keep them all in flight at
+    /// once (io_uring does); on an error, which of the buffers were filled is unspecified.
+    fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<(), DeviceError> {
+        reads.iter_mut().try_for_each(|(buf, offset)| self.read_at(buf, *offset))
+    }
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
     /// Makes every completed write durable (fdatasync).
@@ -152,5 +157,20 @@ pub(crate) mod conformance {
             dev.write_at(&w, u64::MAX - unit + 1),
             Err(DeviceError::OutOfRange { .. }) | Err(DeviceError::Misaligned { .. })
         ));
+        // Several ranges in one call, in any order, land in their own buffers.
+        let (mut a, mut b, mut c) =
+            (AlignedBuf::zeroed(unit as usize), AlignedBuf::zeroed(unit as usize), AlignedBuf::zeroed(unit as usize));
+        dev.read_many(&mut [(&mut a, 2 * unit), (&mut b, unit), (&mut c, 0)]).unwrap();
+        assert_eq!(&a[..], &w[unit as usize..]);
+        assert_eq!(&b[..], &w[..unit as usize]);
+        let mut z = AlignedBuf::zeroed(unit as usize);
+        dev.read_at(&mut z, 0).unwrap();
+        assert_eq!(&c[..], &z[..]);
+        assert!(matches!(
+            dev.read_many(&mut [(&mut a, unit), (&mut b[..100], 0)]),
+            Err(DeviceError::Misaligned { .. })
+        ));
+        assert!(matches!(dev.read_many(&mut [(&mut a, end)]), Err(DeviceError::OutOfRange { .. })));
+        dev.read_many(&mut []).unwrap();
     }
 }

@@ -85,18 +85,22 @@ impl UringDevice {
         Ok(UringDevice { file, capacity, direct_io, rings, next: AtomicUsize::new(0), config })
     }
 
-    /// Runs one request: `len` bytes at `offset` from or into the memory at `ptr`, in chunks.
+    /// Runs one request: the ranges `parts` (memory, length, device offset), split into chunks
+    /// that are all in flight at once up to the queue depth.
     ///
     /// # Safety
     ///
-    /// `ptr` must be valid for reads (Write) or writes (Read) of `len` bytes for the whole call,
-    /// and nothing else may access that memory during the call.
-    unsafe fn run(&self, op: Op, ptr: *mut u8, len: usize, offset: u64) -> Result<(), DeviceError> {
+    /// Every part's pointer must be valid for reads (Write) or writes (Read) of its length for
+    /// the whole call, the parts must not overlap, and nothing else may access that memory
+    /// during the call.
+    unsafe fn run(&self, op: Op, parts: &[(*mut u8, usize, u64)]) -> Result<(), DeviceError> {
         let name = match op {
             Op::Read => "read",
             Op::Write => "write",
         };
-        let fail = |source: std::io::Error| DeviceError::Io { op: name, offset, len: len as u64, source };
+        let first = parts.first().map_or(0, |p| p.2);
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let fail = |source: std::io::Error| DeviceError::Io { op: name, offset: first, len: total as u64, source };
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         // Prefer a free ring; wait for one only if all are busy.
         let mut ring = (0..self.rings.len())
@@ -104,20 +108,27 @@ impl UringDevice {
             .or_else(|| self.rings.get(start % self.rings.len()).map(|m| m.lock().unwrap_or_else(|e| e.into_inner())))
             .ok_or_else(|| fail(std::io::Error::other("no io_uring ring")))?;
         let chunk = self.config.chunk_bytes;
-        let chunks = len.div_ceil(chunk);
+        // (memory, length, device offset) of every chunk of every part.
+        let chunks: Vec<(*mut u8, usize, u64)> = parts
+            .iter()
+            .flat_map(|&(ptr, len, offset)| {
+                (0..len.div_ceil(chunk)).map(move |i| {
+                    let at = i * chunk;
+                    // SAFETY: at < len, so the pointer stays inside the part's memory.
+                    (unsafe { ptr.add(at) }, chunk.min(len - at), offset + at as u64)
+                })
+            })
+            .collect();
         let mut next_chunk = 0usize;
         let mut in_flight = 0usize;
         let mut first_error: Option<DeviceError> = None;
-        while next_chunk < chunks || in_flight > 0 {
+        while next_chunk < chunks.len() || in_flight > 0 {
             // Queue as many chunks as fit, unless something already failed.
-            while first_error.is_none() && next_chunk < chunks && in_flight < self.config.queue_depth as usize {
-                let at = next_chunk * chunk;
-                let n = chunk.min(len - at) as u32;
-                // SAFETY: at + n <= len, so the pointer stays inside the caller's buffer.
-                let p = unsafe { ptr.add(at) };
+            while first_error.is_none() && in_flight < self.config.queue_depth as usize {
+                let Some(&(p, n, at)) = chunks.get(next_chunk) else { break };
                 let entry = match op {
-                    Op::Read => opcode::Read::new(types::Fixed(0), p, n).offset(offset + at as u64).build(),
-                    Op::Write => opcode::Write::new(types::Fixed(0), p, n).offset(offset + at as u64).build(),
+                    Op::Read => opcode::Read::new(types::Fixed(0), p, n as u32).offset(at).build(),
+                    Op::Write => opcode::Write::new(types::Fixed(0), p, n as u32).offset(at).build(),
                 }
                 .user_data(next_chunk as u64);
                 // SAFETY: the entry's buffer is the caller's, valid until this function returns,
@@ -142,7 +153,7 @@ impl UringDevice {
             for cqe in ring.completion() {
                 reaped += 1;
                 let index = cqe.user_data() as usize;
-                let expected = chunk.min(len - index * chunk);
+                let expected = chunks.get(index).map_or(0, |c| c.1);
                 let result = cqe.result();
                 if result < 0 {
                     first_error.get_or_insert(fail(std::io::Error::from_raw_os_error(-result)));
@@ -178,14 +189,25 @@ impl BlockDevice for UringDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         check_request("read", offset, buf.len(), self.capacity, UNIT_BYTES)?;
         // SAFETY: buf is an exclusive borrow for the whole call.
-        unsafe { self.run(Op::Read, buf.as_mut_ptr(), buf.len(), offset) }
+        unsafe { self.run(Op::Read, &[(buf.as_mut_ptr(), buf.len(), offset)]) }
+    }
+
+    fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<(), DeviceError> {
+        for (buf, offset) in reads.iter() {
+            check_request("read", *offset, buf.len(), self.capacity, UNIT_BYTES)?;
+        }
+        let parts: Vec<(*mut u8, usize, u64)> =
+            reads.iter_mut().map(|(buf, offset)| (buf.as_mut_ptr(), buf.len(), *offset)).collect();
+        // SAFETY: each buffer is a distinct exclusive borrow (so they do not overlap), held for
+        // the whole call.
+        unsafe { self.run(Op::Read, &parts) }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES)?;
         // SAFETY: the kernel only reads through the pointer of a Write; buf is borrowed for the
         // whole call.
-        unsafe { self.run(Op::Write, buf.as_ptr().cast_mut(), buf.len(), offset) }
+        unsafe { self.run(Op::Write, &[(buf.as_ptr().cast_mut(), buf.len(), offset)]) }
     }
 
     fn sync(&self) -> Result<(), DeviceError> {
@@ -233,6 +255,12 @@ mod tests {
         dev.write_at(&w, 4096).unwrap();
         let mut r = AlignedBuf::zeroed(800 * 1024);
         dev.read_at(&mut r, 4096).unwrap();
+        assert!(r[..] == w[..]);
+        // The same bytes as three reads of many chunks each, in flight together.
+        let mut r = AlignedBuf::zeroed(800 * 1024);
+        let (head, rest) = r.split_at_mut(4096);
+        let (middle, tail) = rest.split_at_mut(500 * 1024);
+        dev.read_many(&mut [(tail, 4096 + 4096 + 500 * 1024), (head, 4096), (middle, 8192)]).unwrap();
         assert!(r[..] == w[..]);
     }
 

@@ -43,6 +43,7 @@ impl Stats {
             ("get_misses_total", "Gets that found nothing.", self.misses),
             ("get_bytes_total", "Bytes returned by gets.", self.get_bytes),
             ("read_errors_total", "Blocks found damaged on read (served as misses).", self.read_errors),
+            ("direct_reads_total", "Reads into the caller's buffer with no engine buffer or copy.", self.direct_reads),
             ("deletes_total", "Keys deleted.", self.deletes),
             ("evicted_keys_total", "Keys dropped by segment reclaim.", self.evicted_keys),
             ("evicted_bytes_total", "Bytes dropped by segment reclaim.", self.evicted_bytes),

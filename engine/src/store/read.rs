@@ -19,6 +19,19 @@ use crate::tier::Origin;
 
 use super::{Inner, Store};
 
+/// Blocks at least this large are read by `get_into` straight into an aligned caller buffer.
+/// Below it, one device read into an engine buffer and a copy cost less than the two or three
+/// reads (header, payload, last partial unit) of a direct read.
+pub const DIRECT_READ_MIN_BYTES: usize = 128 << 10;
+
+/// The outcome of [`Inner::read_direct`].
+enum Direct {
+    /// The block is in the caller's buffer: its description and length.
+    Read(BlockMeta, usize),
+    /// Not read this way; read it through an engine buffer.
+    Unsuitable,
+}
+
 /// What a stored block is, from its record header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockMeta {
@@ -263,7 +276,14 @@ impl Store {
     }
 
     /// Reads the block under `key` into `buf` and returns its description and the number of
-    /// bytes written, or `None` on a miss.
+    /// bytes written, or `None` on a miss; fails with [`StoreError::BufferTooSmall`] if `buf` is
+    /// shorter than the block.
+    ///
+    /// A block of at least [`DIRECT_READ_MIN_BYTES`] that is on the log (not in the DRAM tier or
+    /// still being written) is read by the device straight into `buf` when `buf` is aligned to
+    /// the device (4 KiB; page-aligned allocations are): no engine buffer holds it and there is
+    /// no copy, and `buf` is checked (crc32c, and blake3 with `verify_hash`) where it lies. On a
+    /// miss or an error, `buf`'s contents are unspecified.
     pub fn get_into(
         &self,
         namespace: &str,
@@ -271,6 +291,26 @@ impl Store {
         buf: &mut [u8],
         opts: ReadOptions,
     ) -> Result<Option<(BlockMeta, usize)>> {
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        self.inner.ensure_open()?;
+        let inner = &self.inner;
+        let kfp = key_fp(namespace, key);
+        let lookup = || {
+            let index = inner.index_read();
+            let k = index.key(&kfp).filter(|k| !is_expired(k, inner.clock.now_unix_s()))?;
+            index.content(k.content).copied()
+        };
+        if let Some(entry) = lookup() {
+            if let Direct::Read(meta, len) = inner.read_direct(&entry, buf, opts)? {
+                inner.metrics.gets.fetch_add(1, Ordering::Relaxed);
+                inner.metrics.direct_reads.fetch_add(1, Ordering::Relaxed);
+                inner.metrics.count_get(Some(len as u64));
+                return Ok(Some((meta, len)));
+            }
+        }
+        // Small, cached, pending, unaligned, compressed, or not what the index said (a race with
+        // reclaim, or damage, which `get` tells apart): through an engine buffer.
         let Some(block) = self.get(namespace, key, opts)? else { return Ok(None) };
         let got = buf.len() as u64;
         let dst = buf.get_mut(..block.len).ok_or(StoreError::BufferTooSmall { needed: block.len as u64, got })?;
@@ -381,6 +421,70 @@ impl Inner {
             deduplicated: h.kind == RecordKind::Link,
             cursor,
         })
+    }
+
+    /// Reads a raw block on the log straight into `buf`: its header units and its whole payload
+    /// units in one batch of device reads (the payload's last partial unit, if any, through a
+    /// one-unit engine buffer). Anything unexpected is [`Direct::Unsuitable`], and the caller
+    /// reads the record the ordinary way, which tells a race from damage.
+    fn read_direct(&self, entry: &ContentEntry, buf: &mut [u8], opts: ReadOptions) -> Result<Direct> {
+        let unit = UNIT_BYTES as usize;
+        let raw = entry.raw_len as usize;
+        let align = self.dev.capabilities().alignment as usize;
+        // The record is header units then payload units; for an uncompressed block the payload
+        // is exactly raw_len bytes, so the header's units follow from the entry.
+        let header_units = (entry.units as usize).checked_sub(raw.div_ceil(unit)).filter(|&h| h >= 1);
+        let Some(header_units) = header_units else { return Ok(Direct::Unsuitable) };
+        if self.dram.is_some()
+            || raw < DIRECT_READ_MIN_BYTES
+            || buf.len() < raw
+            || !(buf.as_ptr() as usize).is_multiple_of(align)
+            || !unit.is_multiple_of(align)
+            || self.lock_pending().contains_key(&entry.record)
+        {
+            return Ok(Direct::Unsuitable);
+        }
+        let loc = entry.record;
+        let started = Instant::now();
+        let offset = self.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+        let payload_at = offset + (header_units * unit) as u64;
+        let (body_len, tail_len) = (raw / unit * unit, raw % unit);
+        let mut header_buf = self.pool.get(header_units * unit);
+        let mut tail_buf = (tail_len > 0).then(|| self.pool.get(unit));
+        {
+            let body = buf.get_mut(..body_len).unwrap_or_default();
+            let mut reads: Vec<(&mut [u8], u64)> = vec![(&mut header_buf[..], offset), (body, payload_at)];
+            if let Some(t) = tail_buf.as_mut() {
+                reads.push((&mut t[..], payload_at + body_len as u64));
+            }
+            self.dev.read_many(&mut reads)?;
+        }
+        let Ok(header) = RecordHeader::decode(&header_buf) else { return Ok(Direct::Unsuitable) };
+        let tail = tail_buf.as_ref().and_then(|t| t.get(..tail_len)).unwrap_or_default();
+        let body = buf.get(..body_len).unwrap_or_default();
+        if header.kind != RecordKind::Block
+            || content_fp(&header.namespace, &header.content_hash) != entry.fp
+            || header.compression.codec_id != CompressionMeta::CODEC_NONE
+            || header.stored_len != raw as u64
+            || header.payload_offset() != (header_units * unit) as u64
+            || crc32c::crc32c_append(crc32c::crc32c(body), tail) != header.payload_crc
+        {
+            return Ok(Direct::Unsuitable);
+        }
+        if opts.verify_hash {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(body).update(tail);
+            if hasher.finalize().as_bytes() != &header.content_hash {
+                return Ok(Direct::Unsuitable);
+            }
+        }
+        if let Some(dst) = buf.get_mut(body_len..raw) {
+            dst.copy_from_slice(tail);
+        }
+        self.ssd.hits.fetch_add(1, Ordering::Relaxed);
+        self.ssd.hit_bytes.fetch_add(raw as u64, Ordering::Relaxed);
+        self.ssd_latency.record(u64::from(entry.fp[0]), started.elapsed());
+        Ok(Direct::Read(meta_of(header, loc), raw))
     }
 
     /// Reads and checks a block record. `still_current` tells whether the index still points

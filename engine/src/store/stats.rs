@@ -23,6 +23,7 @@ pub(super) struct Metrics {
     pub misses: AtomicU64,
     pub get_bytes: AtomicU64,
     pub read_errors: AtomicU64,
+    pub direct_reads: AtomicU64,
     pub deletes: AtomicU64,
     pub evicted_keys: AtomicU64,
     pub evicted_blocks: AtomicU64,
@@ -114,6 +115,9 @@ pub struct Stats {
     pub get_bytes: u64,
     /// Blocks found damaged on read (served as misses).
     pub read_errors: u64,
+    /// `get_into` calls the device served straight into the caller's buffer (no engine buffer,
+    /// no copy).
+    pub direct_reads: u64,
     pub deletes: u64,
     pub evicted_keys: u64,
     pub evicted_blocks: u64,
@@ -196,6 +200,7 @@ impl Store {
             misses: get(&m.misses),
             get_bytes: get(&m.get_bytes),
             read_errors: get(&m.read_errors),
+            direct_reads: get(&m.direct_reads),
             deletes: get(&m.deletes),
             evicted_keys: get(&m.evicted_keys),
             evicted_blocks: get(&m.evicted_blocks),

@@ -611,3 +611,92 @@ fn rename_moves_a_key_without_rewriting_its_bytes_and_survives_a_crash() {
     assert_eq!(get(&s, "a.tmp"), None);
     assert_eq!(get(&s, "b").as_deref(), Some(&bytes[..]));
 }
+
+#[test]
+fn get_into_reads_large_blocks_straight_into_an_aligned_buffer() {
+    let (dev, s) = mem_store(8);
+    let unit = 4096;
+    // Whole units, a partial last unit, and the smallest size read this way.
+    let sizes = [256 * 1024, 256 * 1024 + 100, super::read::DIRECT_READ_MIN_BYTES, 300_001];
+    for (i, &len) in sizes.iter().enumerate() {
+        s.put("default", &format!("k{i}"), &block(i as u64, len), &synced()).unwrap();
+    }
+    let check = |s: &Store, direct_before: u64| {
+        let mut direct = direct_before;
+        for (i, &len) in sizes.iter().enumerate() {
+            let mut buf = crate::AlignedBuf::zeroed(len + unit);
+            buf.iter_mut().for_each(|b| *b = 0xee);
+            let opts = ReadOptions { verify_hash: i % 2 == 0 };
+            let (meta, n) = s.get_into("default", &format!("k{i}"), &mut buf, opts).unwrap().unwrap();
+            assert_eq!((n, meta.raw_len), (len, len as u64));
+            assert!(buf[..len] == block(i as u64, len)[..], "block {i} differs");
+            direct += 1;
+            assert_eq!(s.stats().direct_reads, direct, "block {i} was not read directly");
+        }
+        direct
+    };
+    let direct = check(&s, 0);
+    // An unaligned buffer, a small block and a too-small buffer take the copying path.
+    let mut bytes = vec![0u8; 256 * 1024 + unit + 1];
+    let unaligned = if bytes.as_ptr() as usize % unit == 0 { &mut bytes[1..] } else { &mut bytes[..] };
+    let (_, n) = s.get_into("default", "k0", unaligned, ReadOptions::default()).unwrap().unwrap();
+    assert!(unaligned[..n] == block(0, 256 * 1024)[..]);
+    s.put("default", "small", &block(9, 5000), &synced()).unwrap();
+    let mut buf = crate::AlignedBuf::zeroed(8192);
+    assert_eq!(s.get_into("default", "small", &mut buf, ReadOptions::default()).unwrap().unwrap().1, 5000);
+    let mut short = crate::AlignedBuf::zeroed(128 * 1024);
+    assert!(matches!(
+        s.get_into("default", "k0", &mut short, ReadOptions::default()),
+        Err(StoreError::BufferTooSmall { .. })
+    ));
+    assert_eq!(s.stats().direct_reads, direct);
+    assert!(s.get_into("default", "missing", &mut buf, ReadOptions::default()).unwrap().is_none());
+    // After a restart the header units are found from the index alone, as before.
+    s.close().unwrap();
+    let (_dev, s) = reopen(&dev, CrashMode::DropAll);
+    check(&s, 0);
+}
+
+#[test]
+fn a_damaged_block_read_directly_is_a_counted_miss_not_garbage() {
+    for (what, at) in [("payload", 4096 + 70_000), ("last partial unit", 4096 + 256 * 1024 + 10), ("header", 20)] {
+        let (dev, s) = mem_store(8);
+        let len = 256 * 1024 + 100;
+        s.put("default", "a", &block(1, len), &synced()).unwrap();
+        let record = {
+            let b = s.get("default", "a", ReadOptions::default()).unwrap().unwrap();
+            s.superblock().segment_offset(b.meta.location.segment) + u64::from(b.meta.location.unit) * 4096
+        };
+        s.close().unwrap();
+        let mut image = dev.image();
+        image[(record + at) as usize] ^= 0x10;
+        let s = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap();
+        let mut buf = crate::AlignedBuf::zeroed(len);
+        assert!(s.get_into("default", "a", &mut buf, ReadOptions::default()).unwrap().is_none(), "{what}");
+        let stats = s.stats();
+        assert_eq!((stats.read_errors, stats.direct_reads, stats.misses), (1, 0, 1), "{what}");
+    }
+}
+
+#[test]
+fn get_into_returns_the_stored_bytes_of_compressed_and_cached_blocks() {
+    let (_dev, s) = dram_store(8, 4 << 20);
+    let raw = block(3, 300_000);
+    s.put("default", "cached", &raw, &synced()).unwrap();
+    let mut buf = crate::AlignedBuf::zeroed(300_000);
+    assert_eq!(s.get_into("default", "cached", &mut buf, ReadOptions::default()).unwrap().unwrap().1, 300_000);
+    assert!(buf[..300_000] == raw[..]);
+    let (_dev, s) = mem_store(8);
+    let stored = block(4, 200_000);
+    let opts = PutOptions {
+        compression: Some(kvhoard_format::record::CompressionMeta { codec_id: 7, codec_version: 1, params: vec![1] }),
+        raw: Some((raw.len() as u64, *blake3::hash(&raw).as_bytes())),
+        ..synced()
+    };
+    s.put("default", "packed", &stored, &opts).unwrap();
+    let mut buf = crate::AlignedBuf::zeroed(300_000);
+    let (meta, n) = s.get_into("default", "packed", &mut buf, ReadOptions::default()).unwrap().unwrap();
+    assert_eq!((n, meta.raw_len, meta.compression.codec_id), (200_000, 300_000, 7));
+    assert!(buf[..n] == stored[..]);
+    assert_eq!(s.stats().direct_reads, 0);
+}
