@@ -699,11 +699,16 @@ impl Filesystem for KvFs {
             return reply.error(Errno::EFBIG);
         }
         let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
-        if w.bytes.len() < end as usize {
-            w.bytes.resize(end as usize, 0);
-        }
-        if let Some(dst) = w.bytes.get_mut(offset as usize..end as usize) {
-            dst.copy_from_slice(data);
+        if offset as usize == w.bytes.len() {
+            // Appending, the common case (cp, dd, LMCache): one copy, no zero-fill first.
+            w.bytes.extend_from_slice(data);
+        } else {
+            if w.bytes.len() < end as usize {
+                w.bytes.resize(end as usize, 0);
+            }
+            if let Some(dst) = w.bytes.get_mut(offset as usize..end as usize) {
+                dst.copy_from_slice(data);
+            }
         }
         w.dirty = true;
         reply.written(data.len() as u32)

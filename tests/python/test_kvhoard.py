@@ -144,6 +144,30 @@ def test_native_plugin_reports_failures_per_key(tmp_path):
     plugin.close()
 
 
+def test_a_get_batch_is_read_by_several_readers_in_key_order(tmp_path):
+    import mmap
+
+    plugin = NativePlugin(path=str(tmp_path / "vol"), create=True, capacity=128 << 20, segment_size=8 << 20,
+                          io_depth=3)
+    size = 256 * 1024  # above the engine's direct-read size: page-aligned buffers are filled in place
+    keys = [f"k{i}" for i in range(10)]
+    blocks = [chunk(i, size) for i in range(10)]
+    stored = [k for i, k in enumerate(keys) if i % 4 != 1]
+    ok, _, _ = wait_for(plugin, plugin.submit_batch_set(stored, [blocks[keys.index(k)] for k in stored]))
+    assert ok
+    region = mmap.mmap(-1, size * 10)
+    views = [memoryview(region)[i * size:(i + 1) * size] for i in range(10)]
+    ok, error, results = wait_for(plugin, plugin.submit_batch_get(keys, views))
+    assert ok, error
+    assert results == [i % 4 != 1 for i in range(10)]
+    for i in range(10):
+        if i % 4 != 1:
+            assert views[i] == blocks[i], f"key {i}"
+    for v in views:
+        v.release()
+    plugin.close()
+
+
 def test_many_batches_in_flight(tmp_path):
     plugin = NativePlugin(path=str(tmp_path / "vol"), create=True, capacity=128 << 20, segment_size=4 << 20, threads=4)
     ids = [plugin.submit_batch_set([f"b{i}"], [chunk(i, 64 * 1024)]) for i in range(32)]

@@ -36,48 +36,79 @@ struct Shared {
     put: PutOptions,
     completions: Mutex<Vec<Completion>>,
     event_fd: libc::c_int,
+    /// Keys of one get batch read at once.
+    io_depth: usize,
 }
 
 impl Shared {
+    /// Reads a batch with up to `io_depth` keys in flight: one thread reading key after key
+    /// keeps a single block in flight, which leaves a fast disk idle between blocks.
+    fn get_all(&self, keys: &[String], regions: &mut [Region]) -> (Vec<bool>, Option<String>) {
+        let per_thread = keys.len().div_ceil(self.io_depth.max(1)).max(1);
+        let read_group = |keys: &[String], regions: &mut [Region]| -> Vec<Result<bool, String>> {
+            keys.iter()
+                .zip(regions.iter_mut())
+                .map(|(key, region)| {
+                    // SAFETY: LMCache does not touch a submitted buffer until its completion.
+                    let out = unsafe { region.bytes_mut() };
+                    match self.engine.get_into(&self.namespace, key, out, ReadOptions::default()) {
+                        Ok(found) => Ok(found.is_some()),
+                        Err(e) => Err(format!("get {key:?}: {e}")),
+                    }
+                })
+                .collect()
+        };
+        let results: Vec<Result<bool, String>> = if keys.len() <= per_thread {
+            read_group(keys, regions)
+        } else {
+            std::thread::scope(|scope| {
+                let groups: Vec<_> = keys
+                    .chunks(per_thread)
+                    .zip(regions.chunks_mut(per_thread))
+                    .map(|(k, r)| (k.len(), scope.spawn(move || read_group(k, r))))
+                    .collect();
+                groups
+                    .into_iter()
+                    .flat_map(|(n, g)| g.join().unwrap_or_else(|_| vec![Err("a reader thread panicked".into()); n]))
+                    .collect()
+            })
+        };
+        let first_error = results.iter().find_map(|r| r.as_ref().err().cloned());
+        (results.into_iter().map(|r| r.unwrap_or(false)).collect(), first_error)
+    }
+
+    /// Stores a batch with one group commit; if the batch is refused (one bad key, say), key by
+    /// key, so each key's result says what happened to it.
+    fn put_all(&self, keys: &[String], regions: &[Region]) -> (Vec<bool>, Option<String>) {
+        // SAFETY: LMCache does not write to a submitted buffer until its completion.
+        let items: Vec<(&str, &[u8])> =
+            keys.iter().zip(regions).map(|(k, r)| (k.as_str(), unsafe { r.bytes() })).collect();
+        if self.engine.put_batch(&self.namespace, &items, &self.put).is_ok() {
+            return (vec![true; keys.len()], None);
+        }
+        let mut first_error = None;
+        let stored = items
+            .iter()
+            .map(|(key, bytes)| match self.engine.put(&self.namespace, key, bytes, &self.put) {
+                Ok(_) => true,
+                Err(e) => {
+                    first_error.get_or_insert_with(|| format!("set {key:?}: {e}"));
+                    false
+                }
+            })
+            .collect();
+        (stored, first_error)
+    }
+
     fn run(&self, job: Job) {
         let completion = match job {
             Job::Get(id, keys, mut regions) => {
-                let mut first_error = None;
-                let found = keys
-                    .iter()
-                    .zip(regions.iter_mut())
-                    .map(|(key, region)| {
-                        // SAFETY: LMCache does not touch a submitted buffer until its completion.
-                        let out = unsafe { region.bytes_mut() };
-                        match self.engine.get_into(&self.namespace, key, out, ReadOptions::default()) {
-                            Ok(found) => found.is_some(),
-                            Err(e) => {
-                                first_error.get_or_insert_with(|| format!("get {key:?}: {e}"));
-                                false
-                            }
-                        }
-                    })
-                    .collect();
+                let (found, first_error) = self.get_all(&keys, &mut regions);
                 drop(regions);
                 (id, first_error.is_none(), first_error.unwrap_or_default(), Some(found))
             }
             Job::Set(id, keys, regions) => {
-                let mut first_error = None;
-                let stored = keys
-                    .iter()
-                    .zip(&regions)
-                    .map(|(key, region)| {
-                        // SAFETY: LMCache does not write to a submitted buffer until its completion.
-                        let bytes = unsafe { region.bytes() };
-                        match self.engine.put(&self.namespace, key, bytes, &self.put) {
-                            Ok(_) => true,
-                            Err(e) => {
-                                first_error.get_or_insert_with(|| format!("set {key:?}: {e}"));
-                                false
-                            }
-                        }
-                    })
-                    .collect();
+                let (stored, first_error) = self.put_all(&keys, &regions);
                 drop(regions);
                 (id, first_error.is_none(), first_error.unwrap_or_default(), Some(stored))
             }
@@ -117,7 +148,8 @@ impl Shared {
 /// `{"type": "native_plugin", "module_path": "kvhoard.lmcache", "class_name": "NativePlugin",
 ///   "adapter_params": {"path": "/data/kv", "create": true}}`.
 /// Parameters: `path`, `create=False`, `capacity=None`, `segment_size=None`, `namespace="lmcache"`,
-/// `durability="written"`, `ttl=None`, `dram_tier=0`, `threads=4`.
+/// `durability="written"`, `ttl=None`, `dram_tier=0`, `threads=4` (batches run at once),
+/// `io_depth=8` (keys of one get batch read at once).
 #[pyclass(module = "kvhoard._native", frozen)]
 pub(crate) struct NativePlugin {
     shared: Arc<Shared>,
@@ -129,7 +161,7 @@ pub(crate) struct NativePlugin {
 #[pymethods]
 impl NativePlugin {
     #[new]
-    #[pyo3(signature = (path, *, create=false, capacity=None, segment_size=None, namespace="lmcache", durability="written", ttl=None, dram_tier=0, threads=4))]
+    #[pyo3(signature = (path, *, create=false, capacity=None, segment_size=None, namespace="lmcache", durability="written", ttl=None, dram_tier=0, threads=4, io_depth=8))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -142,6 +174,7 @@ impl NativePlugin {
         ttl: Option<u32>,
         dram_tier: u64,
         threads: usize,
+        io_depth: usize,
     ) -> PyResult<NativePlugin> {
         let durability = parse_durability(durability)?;
         let engine =
@@ -157,6 +190,7 @@ impl NativePlugin {
             put: PutOptions { durability, ttl_secs: ttl, ..Default::default() },
             completions: Mutex::new(Vec::new()),
             event_fd,
+            io_depth: io_depth.max(1),
         });
         let (sender, receiver) = channel::<Job>();
         let receiver = Arc::new(Mutex::new(receiver));

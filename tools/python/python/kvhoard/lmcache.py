@@ -8,7 +8,8 @@
 
 Parameters: ``path``, ``create`` (create the volume if missing), ``capacity`` (bytes),
 ``namespace`` ("lmcache"), ``durability`` ("written"), ``ttl`` (seconds), ``dram_tier`` (bytes),
-``threads`` (4). See docs/lmcache.md.
+``threads`` (4 batches at once), ``io_depth`` (8 keys of a get batch read at once). See
+docs/lmcache.md.
 
 ``StorageBackend`` is a classic-stack ``storage_plugins`` backend (a vLLM worker's LMCache
 engine stores and loads chunks on a kvhoard volume in-process); its settings are
