@@ -114,6 +114,12 @@ fn cp_cat_diff_ls_rm_mv_overwrite_and_persistence() {
     f.write_all(b"ORT!!").unwrap();
     drop(f);
     assert_eq!(std::fs::read(fx.path("default/b")).unwrap(), b"shORT!!");
+    // A write past the end leaves zeros in the gap.
+    let mut f = std::fs::OpenOptions::new().write(true).open(fx.path("default/b")).unwrap();
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(9)).unwrap();
+    f.write_all(b"X").unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(fx.path("default/b")).unwrap(), b"shORT!!\0\0X");
 
     // A reader of a file being replaced keeps the old bytes.
     let mut old = std::fs::File::open(fx.path("default/a.bin")).unwrap();
