@@ -92,6 +92,11 @@ struct LogState {
     resumable: Option<OpenSeg>,
     /// A checkpoint snapshot taken at a seal, to be written outside the lock.
     pending_checkpoint: Option<Checkpoint>,
+    /// Segments sealed (full, no more appends) whose summaries wait for the next device sync:
+    /// a summary must not become durable before the records it lists, and a put that fills a
+    /// segment should not wait for a sync of the whole segment. Until its summary is written,
+    /// recovery finds a segment's records by scanning it.
+    unsummarized: Vec<OpenSeg>,
     next_seq: u64,
     next_checkpoint_seq: u64,
     seals_since_checkpoint: u32,
@@ -221,6 +226,7 @@ impl Store {
                 open: recovered.open,
                 resumable: recovered.resumable,
                 pending_checkpoint: None,
+                unsummarized: Vec::new(),
                 next_seq: recovered.next_seq,
                 next_checkpoint_seq: recovered.next_checkpoint_seq,
                 seals_since_checkpoint: 0,
@@ -372,27 +378,40 @@ impl Inner {
             return Ok(log);
         }
         let Some(open) = log.open.take() else { return Ok(log) };
-        // The summary must not become durable before the records it lists: after a power loss,
-        // recovery trusts a summary without reading payloads.
-        let sealed = self.dev.sync().map_err(StoreError::from).and_then(|()| {
-            write_seal(self.dev.as_ref(), &self.sb, open.index, open.seq, open.tail, &open.summary, open.records)
-                .map_err(StoreError::from)
-        });
-        if let Err(e) = sealed {
-            self.poison(&mut log, e.to_string());
-            return Err(e);
-        }
         if let Some(s) = log.segments.get_mut(open.index as usize) {
             s.state = SegState::Sealed { end_unit: open.tail };
         }
+        log.unsummarized.push(open);
         log.seals_since_checkpoint += 1;
         if log.seals_since_checkpoint >= self.opts.checkpoint_every_segments {
-            // Everything up to here was synced before the summary: snapshot now, write the
+            // Everything up to here is synced before the summaries: snapshot now, write the
             // checkpoint after the log lock is released so writers are not held up by it.
+            self.sync_and_summarize(&mut log)?;
             let cp = self.snapshot(&mut log);
             log.pending_checkpoint = Some(cp);
         }
         Ok(log)
+    }
+
+    /// Syncs the device, then writes the summaries of the segments sealed since the last sync.
+    /// Called with no record in flight in those segments (a seal waits for them).
+    fn sync_and_summarize(&self, log: &mut LogState) -> Result<()> {
+        let done = self.dev.sync().map_err(StoreError::from).and_then(|()| {
+            log.unsummarized.iter().try_for_each(|seg| {
+                write_seal(self.dev.as_ref(), &self.sb, seg.index, seg.seq, seg.tail, &seg.summary, seg.records)
+                    .map_err(StoreError::from)
+            })
+        });
+        match done {
+            Ok(()) => {
+                log.unsummarized.clear();
+                Ok(())
+            }
+            Err(e) => {
+                self.poison(log, e.to_string());
+                Err(e)
+            }
+        }
     }
 
     /// Starts appending to a segment: the one sealed by the last clean close if it has room,
@@ -478,6 +497,8 @@ impl Inner {
             .choose_victim(&sealed)
             .filter(|v| sealed.iter().any(|s| s.index == *v))
             .unwrap_or(oldest);
+        // Its summary, if still waiting, would describe bytes that are about to be reused.
+        log.unsummarized.retain(|s| s.index != victim);
         let dropped = self.index_write().drop_segment(victim);
         if let Some(dram) = &self.dram {
             dram.drop_segment(victim);
@@ -501,10 +522,7 @@ impl Inner {
 
     /// Syncs the device and writes a checkpoint of the index. Called with no record in flight.
     fn checkpoint(&self, log: &mut LogState) -> Result<()> {
-        if let Err(e) = self.dev.sync() {
-            self.poison(log, e.to_string());
-            return Err(e.into());
-        }
+        self.sync_and_summarize(log)?;
         let cp = self.snapshot(log);
         self.save_checkpoint(&cp)
     }
@@ -564,6 +582,38 @@ impl Inner {
             Some(cp) => self.save_checkpoint(&cp),
             None => Ok(()),
         }
+    }
+
+    /// What a sync about to start will cover: the position through which every reserved record
+    /// has been written, and the sealed segments whose summaries wait for a sync (their records
+    /// are all written).
+    fn sync_point(&self) -> (Pos, Vec<(u32, u64)>) {
+        let sealed = self.lock_log().unsummarized.iter().map(|s| (s.index, s.seq)).collect();
+        (self.written_through(), sealed)
+    }
+
+    /// Writes the summaries of `sealed` segments (index, seq) still waiting, after a sync that
+    /// began when they were sealed.
+    fn summarize(&self, sealed: &[(u32, u64)]) -> Result<()> {
+        if sealed.is_empty() {
+            return Ok(());
+        }
+        let mut log = self.lock_log();
+        let ready: Vec<OpenSeg> = {
+            let (ready, waiting) =
+                std::mem::take(&mut log.unsummarized).into_iter().partition(|s| sealed.contains(&(s.index, s.seq)));
+            log.unsummarized = waiting;
+            ready
+        };
+        for seg in &ready {
+            if let Err(e) =
+                write_seal(self.dev.as_ref(), &self.sb, seg.index, seg.seq, seg.tail, &seg.summary, seg.records)
+            {
+                self.poison(&mut log, e.to_string());
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 
     /// The position through which every reserved record has been written.

@@ -42,9 +42,14 @@ impl GroupCommit {
             }
             state.leader = true;
             drop(state);
-            let through = inner.written_through();
+            let (through, sealed) = inner.sync_point();
             let result = inner.dev.sync();
             inner.metrics.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if result.is_ok() {
+                // Segments sealed before this sync began are durable now: their summaries may
+                // be written (a failure poisons the store, and the next put reports it).
+                let _ = inner.summarize(&sealed);
+            }
             state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.leader = false;
             match result {
