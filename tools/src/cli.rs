@@ -142,7 +142,9 @@ pub enum Command {
     ///
     /// throughput: puts --total bytes in --block-size blocks from --threads threads, then gets
     /// them back with O_DIRECT (no page cache); reports MB/s (10^6 bytes per second), latency
-    /// percentiles in microseconds and CPU seconds per GB. restart: stores --blocks small blocks
+    /// percentiles in microseconds and CPU seconds per GB; put_mbps includes a final sync making
+    /// every block durable, put_acked_mbps does not (fio's O_DIRECT writes, without fsync, are
+    /// what it compares with). restart: stores --blocks small blocks
     /// and times opening the volume from its checkpoint and from its log alone, and reports the
     /// index's memory per block. Compare with the disk's own limit measured by fio on the same
     /// file system (see docs/benchmarks.md). `kvhoard bench codecs` measures the compression
@@ -166,6 +168,10 @@ pub enum Command {
         /// Client threads.
         #[arg(long, default_value_t = 1, value_name = "N")]
         threads: usize,
+        /// Blocks per put call (`put_batch`: one reservation, writes in flight together, one
+        /// group commit), as LMCache's batched adapters store.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        batch: usize,
         /// Durability of the puts (see put).
         #[arg(long, default_value = "written", value_parser = parse_durability, value_name = "LEVEL")]
         durability: Durability,

@@ -169,13 +169,16 @@ fn bench_reports_the_fields_scripts_read() {
         "2",
         "--read-pattern",
         "random",
+        "--batch",
+        "5",
         "--json",
     ]);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
-    for field in ["put_mbps", "get_mbps", "get_p50_us", "get_p99_us", "cpu_seconds_per_gb"] {
+    for field in ["put_mbps", "put_acked_mbps", "get_mbps", "get_p50_us", "get_p99_us", "cpu_seconds_per_gb"] {
         assert!(j[field].is_number(), "{field} missing in {j}");
     }
-    assert_eq!(j["blocks"], 128);
+    // 128 blocks in calls of 5 (the last one 3): every block stored and read back.
+    assert_eq!((j["blocks"].as_u64(), j["batch"].as_u64()), (Some(128), Some(5)));
     assert!(!dir.path().join("b").exists(), "the benchmark volume was not removed");
     let out = ok(&[
         "bench",

@@ -638,7 +638,7 @@ fn get_into_reads_large_blocks_straight_into_an_aligned_buffer() {
     let direct = check(&s, 0);
     // An unaligned buffer, a small block and a too-small buffer take the copying path.
     let mut bytes = vec![0u8; 256 * 1024 + unit + 1];
-    let unaligned = if bytes.as_ptr() as usize % unit == 0 { &mut bytes[1..] } else { &mut bytes[..] };
+    let unaligned = if (bytes.as_ptr() as usize).is_multiple_of(unit) { &mut bytes[1..] } else { &mut bytes[..] };
     let (_, n) = s.get_into("default", "k0", unaligned, ReadOptions::default()).unwrap().unwrap();
     assert!(unaligned[..n] == block(0, 256 * 1024)[..]);
     s.put("default", "small", &block(9, 5000), &synced()).unwrap();
