@@ -18,6 +18,13 @@ use crate::tier::Origin;
 use super::{Inner, Store};
 
 /// A reserved record on its way to the device.
+/// Records of one batch written at once by `submit`, each by its own thread.
+const WRITE_PARALLELISM: usize = 4;
+
+/// Batches smaller than this are prepared and written by the calling thread alone: starting
+/// threads would cost more than it saves.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
+
 #[derive(Debug)]
 pub(super) struct WriteJob {
     buf: Arc<PooledBuf>,
@@ -80,10 +87,23 @@ impl Store {
         validate_namespace(namespace)?;
         let inner = &self.inner;
         let now = inner.clock.now_unix_ms();
-        let mut prepared = items
-            .iter()
-            .map(|(key, bytes)| inner.prepare(namespace, key, bytes, opts, now))
-            .collect::<Result<Vec<_>>>()?;
+        let prepare = |chunk| inner.prepare_all(namespace, chunk, opts, now);
+        let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
+        // Hashing, checksumming and copying a large batch runs on every core.
+        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(items.len());
+        let mut prepared = if workers > 1 && bytes >= PARALLEL_MIN_BYTES {
+            std::thread::scope(|s| {
+                let parts: Vec<_> =
+                    items.chunks(items.len().div_ceil(workers)).map(|chunk| s.spawn(move || prepare(chunk))).collect();
+                let mut all = Vec::with_capacity(items.len());
+                for part in parts {
+                    all.extend(part.join().map_err(|_| StoreError::invalid("put", "a hashing thread panicked"))??);
+                }
+                Ok::<_, StoreError>(all)
+            })?
+        } else {
+            prepare(items)?
+        };
         let hashes = prepared.iter().map(|p| p.header.content_hash).collect();
         let mut rest = prepared.as_mut_slice();
         let mut last_end = Pos::default();
@@ -242,12 +262,50 @@ impl Store {
             }
             return Ok(());
         }
-        let mut first_error = None;
-        for job in &jobs {
-            if let Err(e) = self.inner.write_record(job) {
-                first_error.get_or_insert(e);
+        let inner = &self.inner;
+        let bytes: usize = jobs.iter().map(|j| j.buf.len()).sum();
+        let workers = jobs.len().min(WRITE_PARALLELISM);
+        let first_error = if workers > 1 && bytes >= PARALLEL_MIN_BYTES {
+            // One thread writing record after record keeps one record in flight; these keep
+            // `workers`. Every record is written (or fails) before this returns.
+            std::thread::scope(|s| {
+                let writers: Vec<_> = (0..workers)
+                    .map(|w| {
+                        let jobs = &jobs;
+                        s.spawn(move || {
+                            let mut first = None;
+                            for job in jobs.iter().skip(w).step_by(workers) {
+                                if let Err(e) = inner.write_record(job) {
+                                    first.get_or_insert(e);
+                                }
+                            }
+                            first
+                        })
+                    })
+                    .collect();
+                let mut first = None;
+                for writer in writers {
+                    let result = writer.join().unwrap_or_else(|_| {
+                        // Its records may be neither written nor failed: nothing can be trusted.
+                        let reason = "a writer thread panicked".to_string();
+                        inner.poison(&mut inner.lock_log(), reason.clone());
+                        Some(StoreError::Poisoned { reason })
+                    });
+                    if let Some(e) = result {
+                        first.get_or_insert(e);
+                    }
+                }
+                first
+            })
+        } else {
+            let mut first = None;
+            for job in &jobs {
+                if let Err(e) = inner.write_record(job) {
+                    first.get_or_insert(e);
+                }
             }
-        }
+            first
+        };
         if let Some(e) = first_error {
             return Err(e);
         }
@@ -259,6 +317,17 @@ impl Store {
 }
 
 impl Inner {
+    /// `prepare` for each item, in order.
+    fn prepare_all<'a>(
+        &self,
+        namespace: &str,
+        items: &[(&str, &'a [u8])],
+        opts: &PutOptions,
+        now: u64,
+    ) -> Result<Vec<Prepared<'a>>> {
+        items.iter().map(|(key, bytes)| self.prepare(namespace, key, bytes, opts, now)).collect()
+    }
+
     /// Validates and hashes one block and decides between a block and a link record.
     fn prepare<'a>(
         &self,
