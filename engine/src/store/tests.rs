@@ -777,3 +777,32 @@ fn a_failed_write_in_a_parallel_batch_fails_the_batch_and_poisons_writes() {
     s2.put("default", "later", b"x", &synced()).unwrap();
     std::mem::forget(s);
 }
+
+#[test]
+fn a_batch_larger_than_a_pipeline_group_is_prepared_while_written_and_refused_whole() {
+    let dev = Arc::new(MemDevice::new(14 * (8 << 20)));
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: 8 << 20 };
+    let s = Store::create_on(dev.clone(), &create, StoreOptions::default()).unwrap();
+    // 40 MiB: more than one group, over several segments.
+    let blocks: Vec<Vec<u8>> = (0..20).map(|i| block(300 + i, 2 << 20)).collect();
+    let mut keys: Vec<String> = (0..20).map(|i| format!("p{i}")).collect();
+    // A bad key at the very end refuses the whole batch before anything is written.
+    keys[19] = String::new();
+    let items =
+        |keys: &[String]| -> Vec<(String, Vec<u8>)> { keys.iter().cloned().zip(blocks.iter().cloned()).collect() };
+    let bad = items(&keys);
+    let bad: Vec<(&str, &[u8])> = bad.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
+    assert!(s.put_batch("default", &bad, &synced()).is_err());
+    assert_eq!(s.stats().keys, 0);
+    assert_eq!(s.stats().puts, 0);
+    keys[19] = "p19".into();
+    let good = items(&keys);
+    let good: Vec<(&str, &[u8])> = good.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
+    let hashes = s.put_batch("default", &good, &synced()).unwrap();
+    assert_eq!(hashes.len(), 20);
+    let (_d, after) = reopen(&dev, CrashMode::DropAll);
+    for (i, (key, bytes)) in good.iter().enumerate() {
+        assert_eq!(hashes[i], *blake3::hash(bytes).as_bytes());
+        assert_eq!(get(&after, key).unwrap(), *bytes, "{key} after a crash");
+    }
+}

@@ -25,6 +25,10 @@ const WRITE_PARALLELISM: usize = 4;
 /// threads would cost more than it saves.
 const PARALLEL_MIN_BYTES: usize = 1 << 20;
 
+/// A batch larger than this is prepared in groups of about this size, the next while the last
+/// is written.
+const PIPELINE_BYTES: usize = 32 << 20;
+
 #[derive(Debug)]
 pub(super) struct WriteJob {
     buf: Arc<PooledBuf>,
@@ -87,32 +91,60 @@ impl Store {
         validate_namespace(namespace)?;
         let inner = &self.inner;
         let now = inner.clock.now_unix_ms();
-        let prepare = |chunk| inner.prepare_all(namespace, chunk, opts, now);
-        let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
-        // Hashing, checksumming and copying a large batch runs on every core.
-        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(items.len());
-        let mut prepared = if workers > 1 && bytes >= PARALLEL_MIN_BYTES {
-            std::thread::scope(|s| {
-                let parts: Vec<_> =
-                    items.chunks(items.len().div_ceil(workers)).map(|chunk| s.spawn(move || prepare(chunk))).collect();
-                let mut all = Vec::with_capacity(items.len());
-                for part in parts {
-                    all.extend(part.join().map_err(|_| StoreError::invalid("put", "a hashing thread panicked"))??);
-                }
-                Ok::<_, StoreError>(all)
-            })?
-        } else {
-            prepare(items)?
-        };
-        let hashes = prepared.iter().map(|p| p.header.content_hash).collect();
-        let mut rest = prepared.as_mut_slice();
-        let mut last_end = Pos::default();
+        // Everything that can refuse a put is checked before any of the batch is written.
+        for (key, bytes) in items {
+            inner.checked_header(namespace, key, bytes, opts, now)?;
+        }
+        // A large batch is prepared (hashed, checksummed, copied) in groups, the next group
+        // while the last one is written, so that the disk is not idle while the CPUs hash, and
+        // only a few groups of record buffers exist at once.
+        let mut groups = Vec::new();
+        let mut rest = items;
         while !rest.is_empty() {
-            let (jobs, done) = inner.reserve(rest)?;
-            rest = rest.get_mut(done..).unwrap_or_default();
-            last_end = jobs.iter().map(WriteJob::end).max().unwrap_or(last_end).max(last_end);
-            self.submit(jobs, opts.durability)?;
-            inner.save_pending_checkpoint()?;
+            let mut bytes = 0;
+            let take = rest
+                .iter()
+                .take_while(|(_, b)| {
+                    let before = bytes;
+                    bytes += b.len();
+                    before < PIPELINE_BYTES
+                })
+                .count();
+            let (group, tail) = rest.split_at(take.max(1));
+            groups.push(group);
+            rest = tail;
+        }
+        let mut hashes = Vec::with_capacity(items.len());
+        let mut last_end = Pos::default();
+        let mut write = |mut prepared: Vec<Prepared<'_>>| -> Result<()> {
+            hashes.extend(prepared.iter().map(|p| p.header.content_hash));
+            let mut rest = prepared.as_mut_slice();
+            while !rest.is_empty() {
+                let (jobs, done) = inner.reserve(rest)?;
+                rest = rest.get_mut(done..).unwrap_or_default();
+                last_end = jobs.iter().map(WriteJob::end).max().unwrap_or(last_end).max(last_end);
+                self.submit(jobs, opts.durability)?;
+                inner.save_pending_checkpoint()?;
+            }
+            Ok(())
+        };
+        match groups.as_slice() {
+            [] => {}
+            [only] => write(inner.prepare_parallel(namespace, only, opts, now)?)?,
+            _ => std::thread::scope(|s| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                s.spawn(move || {
+                    for group in groups {
+                        let prepared = inner.prepare_parallel(namespace, group, opts, now);
+                        let failed = prepared.is_err();
+                        // The receiver stops on the first error, its own or this one.
+                        if tx.send(prepared).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+                rx.into_iter().try_for_each(|prepared| write(prepared?))
+            })?,
         }
         if opts.durability == Durability::Synced {
             inner.sync.sync_to(last_end, inner)?;
@@ -317,15 +349,80 @@ impl Store {
 }
 
 impl Inner {
-    /// `prepare` for each item, in order.
-    fn prepare_all<'a>(
+    /// `prepare` for each item, in order; a group of at least `PARALLEL_MIN_BYTES` on every
+    /// core.
+    fn prepare_parallel<'a>(
         &self,
         namespace: &str,
         items: &[(&str, &'a [u8])],
         opts: &PutOptions,
         now: u64,
     ) -> Result<Vec<Prepared<'a>>> {
-        items.iter().map(|(key, bytes)| self.prepare(namespace, key, bytes, opts, now)).collect()
+        let prepare = |chunk: &[(&str, &'a [u8])]| -> Result<Vec<Prepared<'a>>> {
+            chunk.iter().map(|(key, bytes)| self.prepare(namespace, key, bytes, opts, now)).collect()
+        };
+        let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
+        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(items.len());
+        if workers < 2 || bytes < PARALLEL_MIN_BYTES {
+            return prepare(items);
+        }
+        std::thread::scope(|s| {
+            let parts: Vec<_> =
+                items.chunks(items.len().div_ceil(workers)).map(|chunk| s.spawn(move || prepare(chunk))).collect();
+            let mut all = Vec::with_capacity(items.len());
+            for part in parts {
+                all.extend(part.join().map_err(|_| StoreError::invalid("put", "a hashing thread panicked"))??);
+            }
+            Ok(all)
+        })
+    }
+
+    /// The record header a put of `bytes` under `key` writes (as a block, its content hash not
+    /// yet computed), after every check that can refuse the put: key, compression arguments,
+    /// description, size.
+    fn checked_header(
+        &self,
+        namespace: &str,
+        key: &str,
+        bytes: &[u8],
+        opts: &PutOptions,
+        now: u64,
+    ) -> Result<RecordHeader> {
+        validate_key(key)?;
+        let compression = opts.compression.clone().unwrap_or_else(CompressionMeta::none);
+        let (raw_len, content_hash) = match (&opts.raw, compression.codec_id) {
+            (Some(raw), c) if c != CompressionMeta::CODEC_NONE => *raw,
+            (Some(_), _) => {
+                return Err(StoreError::invalid("raw", "raw length and hash are only given for compressed bytes"))
+            }
+            (None, c) if c != CompressionMeta::CODEC_NONE => {
+                return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash"))
+            }
+            (None, _) => (bytes.len() as u64, [0; 32]),
+        };
+        let header = RecordHeader {
+            kind: RecordKind::Block,
+            segment_seq: 0,
+            payload_crc: 0,
+            namespace: namespace.to_string(),
+            key: key.to_string(),
+            content_hash,
+            raw_len,
+            stored_len: bytes.len() as u64,
+            created_unix_ms: now,
+            ttl_secs: opts.ttl_secs.unwrap_or(0),
+            group_id: opts.group,
+            parent_hash: opts.parent,
+            desc: opts.desc.clone().unwrap_or_else(BlockDesc::opaque),
+            compression,
+        };
+        header.validate()?;
+        let units = header.record_bytes() / UNIT_BYTES;
+        if units > u64::from(u32::MAX) || !fits_empty(units as u32, header.encoded_len(), self.sb.segment_units()) {
+            let max_bytes = (u64::from(self.sb.segment_units()) - 3) * UNIT_BYTES - header.payload_offset();
+            return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
+        }
+        Ok(header)
     }
 
     /// Validates and hashes one block and decides between a block and a link record.
@@ -337,44 +434,17 @@ impl Inner {
         opts: &PutOptions,
         now: u64,
     ) -> Result<Prepared<'a>> {
-        validate_key(key)?;
-        let compression = opts.compression.clone().unwrap_or_else(CompressionMeta::none);
-        let (raw_len, content_hash) = match (&opts.raw, compression.codec_id) {
-            (Some(raw), c) if c != CompressionMeta::CODEC_NONE => *raw,
-            (Some(_), _) => {
-                return Err(StoreError::invalid("raw", "raw length and hash are only given for compressed bytes"))
-            }
-            (None, c) if c != CompressionMeta::CODEC_NONE => {
-                return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash"))
-            }
-            (None, _) => (bytes.len() as u64, *blake3::hash(bytes).as_bytes()),
-        };
-        let content = content_fp(namespace, &content_hash);
-        let dedup = self.index_read().content_slot(&content).is_some();
-        let header = RecordHeader {
-            kind: if dedup { RecordKind::Link } else { RecordKind::Block },
-            segment_seq: 0,
-            payload_crc: if dedup { 0 } else { crc32c::crc32c(bytes) },
-            namespace: namespace.to_string(),
-            key: key.to_string(),
-            content_hash,
-            raw_len,
-            stored_len: if dedup { 0 } else { bytes.len() as u64 },
-            created_unix_ms: now,
-            ttl_secs: opts.ttl_secs.unwrap_or(0),
-            group_id: opts.group,
-            parent_hash: opts.parent,
-            desc: opts.desc.clone().unwrap_or_else(BlockDesc::opaque),
-            compression,
-        };
-        header.validate()?;
-        let as_block = RecordHeader { kind: RecordKind::Block, stored_len: bytes.len() as u64, ..header.clone() };
-        let units = (as_block.record_bytes() / UNIT_BYTES) as u32;
-        if as_block.record_bytes() / UNIT_BYTES > u64::from(u32::MAX)
-            || !fits_empty(units, header.encoded_len(), self.sb.segment_units())
-        {
-            let max_bytes = (u64::from(self.sb.segment_units()) - 3) * UNIT_BYTES - header.payload_offset();
-            return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
+        let mut header = self.checked_header(namespace, key, bytes, opts, now)?;
+        if header.compression.codec_id == CompressionMeta::CODEC_NONE {
+            header.content_hash = *blake3::hash(bytes).as_bytes();
+        }
+        let content = content_fp(namespace, &header.content_hash);
+        if self.index_read().content_slot(&content).is_some() {
+            // The bytes are stored already: a link record names them.
+            header.kind = RecordKind::Link;
+            header.stored_len = 0;
+        } else {
+            header.payload_crc = crc32c::crc32c(bytes);
         }
         let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, bytes));
         Ok(Prepared { header, payload: bytes, buf, key: key_fp(namespace, key), content, source: None })
