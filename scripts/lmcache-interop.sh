@@ -4,8 +4,10 @@
 #   - LMCache's RemoteBackend storing and loading chunk-shaped objects (32 MiB KV_2LTD bf16 and
 #     2 MiB) over lm://, resp:// (native client) and redis:// (redis-py), bytes compared;
 #   - the server stopped with SIGTERM and started again: LMCache still finds every object;
-#   - the kvhoard Python package (tools/python) built into the environment: its tests, and
-#     `lmcache bench l2` driving kvhoard.lmcache.NativePlugin with data verification.
+#   - the kvhoard Python package (tools/python) built into the environment: its tests (the
+#     storage plugin through LMCache's own StorageManager and plugin launcher), the storage plugin
+#     loading the chunks `kvhoard serve` stored over lm://, and `lmcache bench l2` driving
+#     kvhoard.lmcache.NativePlugin with data verification.
 #
 #   scripts/lmcache-interop.sh --install   create the Python environment (about 6 GB: torch
 #                                          from PyPI bundles CUDA libraries; several minutes)
@@ -140,6 +142,8 @@ if "$py" -c 'import maturin, pytest' 2>/dev/null; then
     exit 1
   }
   "$py" -m pytest -q -p no:cacheprovider tests/python
+  echo "== kvhoard.lmcache.StorageBackend loads the chunks stored over lm:// (same volume, serve stopped)"
+  run "plugin:$work/vol" verify 1
   echo "== lmcache bench l2 with kvhoard.lmcache.NativePlugin (data verified)"
   adapter='{"type": "native_plugin", "module_path": "kvhoard.lmcache", "class_name": "NativePlugin",
     "adapter_params": {"path": "'$work/plugin'", "create": true, "capacity": 1073741824, "segment_size": 16777216}}'

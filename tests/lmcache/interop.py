@@ -2,6 +2,9 @@
 
 Usage: interop.py URL store|verify SEED
 
+URL `plugin:VOLUME` uses kvhoard.lmcache.StorageBackend on VOLUME instead of a RemoteBackend (to
+check that chunks stored over lm:// are the chunks the storage plugin loads).
+
 `store` puts chunk-shaped objects (KV_2LTD [2, 32, 256, 1024] bf16 = 32 MiB, and a 2 MiB one)
 through LMCache's RemoteBackend, then checks contains and get return the same bytes; `verify`
 only checks contains and get (run after the server restarted). Exits non-zero on any mismatch.
@@ -14,7 +17,11 @@ import threading
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 URL, MODE, SEED = sys.argv[1], sys.argv[2], int(sys.argv[3])
-os.environ["LMCACHE_REMOTE_URL"] = URL
+PLUGIN = URL.startswith("plugin:")
+if PLUGIN:
+    os.environ["LMCACHE_EXTRA_CONFIG"] = '{"kvhoard.path": "%s", "kvhoard.create": false}' % URL[len("plugin:"):]
+else:
+    os.environ["LMCACHE_REMOTE_URL"] = URL
 os.environ.setdefault("LMCACHE_LOCAL_CPU", "True")
 os.environ.setdefault("LMCACHE_MAX_LOCAL_CPU_SIZE", "1")
 if URL.startswith("resp://"):
@@ -42,8 +49,14 @@ def main():
             local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=kv_shape,
         )
         cpu = LocalCPUBackend(config=config, metadata=metadata, dst_device="cpu")
-        backend = RemoteBackend(config=config, metadata=metadata, loop=loop,
-                                local_cpu_backend=cpu, dst_device="cpu")
+        if PLUGIN:
+            from kvhoard.lmcache import StorageBackend
+
+            backend = StorageBackend(config=config, metadata=metadata, loop=loop,
+                                     local_cpu_backend=cpu, dst_device="cpu")
+        else:
+            backend = RemoteBackend(config=config, metadata=metadata, loop=loop,
+                                    local_cpu_backend=cpu, dst_device="cpu")
         gen = torch.Generator().manual_seed(SEED)
         for i in range(3):
             key = CacheEngineKey(model_name=f"org/interop-{name}", world_size=1, worker_id=0,
@@ -79,8 +92,11 @@ def main():
         if backend.contains(missing) or (probe_get and backend.get_blocking(missing) is not None):
             print(f"FAIL {name}: a key never stored was found")
             failures += 1
-        # Not closed: RemoteBackend.close() deadlocks for the redis:// and resp:// connectors in
-        # lmcache 0.5.6 (it waits on its event loop from that loop's own thread).
+        # A RemoteBackend is not closed: its close() deadlocks for the redis:// and resp://
+        # connectors in lmcache 0.5.6 (it waits on its event loop from that loop's own thread).
+        # The storage plugin is, so that the next shape's plugin can open the volume.
+        if PLUGIN:
+            backend.close()
     print(f"{URL} {MODE}: {failures} failure(s)")
     sys.stdout.flush()
     os._exit(1 if failures else 0)
