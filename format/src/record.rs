@@ -56,6 +56,16 @@ impl RecordKind {
     }
 }
 
+/// `value`'s name in a table of every value with its name.
+fn name_in<T: Copy + PartialEq>(table: &[(T, &'static str)], value: T) -> &'static str {
+    table.iter().find(|(v, _)| *v == value).map_or("", |(_, n)| n)
+}
+
+/// The value called `name` in a table of every value with its name.
+fn named_in<T: Copy>(table: &[(T, &'static str)], name: &str) -> Option<T> {
+    table.iter().find(|(_, n)| *n == name).map(|(v, _)| *v)
+}
+
 /// Element type of a block's tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
@@ -94,12 +104,12 @@ impl Dtype {
 
     /// The dtype's short name (`bf16`, `f8e4m3`, ...).
     pub fn name(self) -> &'static str {
-        Self::NAMES.iter().find(|(d, _)| *d == self).map_or("bytes", |(_, n)| n)
+        name_in(&Self::NAMES, self)
     }
 
     /// The dtype called `name` (see [`Dtype::NAMES`]).
     pub fn from_name(name: &str) -> Option<Dtype> {
-        Self::NAMES.iter().find(|(_, n)| *n == name).map(|(d, _)| *d)
+        named_in(&Self::NAMES, name)
     }
 
     /// Bytes per element.
@@ -171,12 +181,12 @@ impl Layout {
 
     /// The layout's short name (`kv_2ltd`, `vllm_paged`, ...).
     pub fn name(self) -> &'static str {
-        Self::NAMES.iter().find(|(l, _)| *l == self).map_or("opaque", |(_, n)| n)
+        name_in(&Self::NAMES, self)
     }
 
     /// The layout called `name` (see [`Layout::NAMES`]).
     pub fn from_name(name: &str) -> Option<Layout> {
-        Self::NAMES.iter().find(|(_, n)| *n == name).map(|(l, _)| *l)
+        named_in(&Self::NAMES, name)
     }
 
     fn from_u8(v: u8) -> Result<Self, FormatError> {

@@ -396,22 +396,11 @@ impl Inner {
     /// Syncs the device, then writes the summaries of the segments sealed since the last sync.
     /// Called with no record in flight in those segments (a seal waits for them).
     fn sync_and_summarize(&self, log: &mut LogState) -> Result<()> {
-        let done = self.dev.sync().map_err(StoreError::from).and_then(|()| {
-            log.unsummarized.iter().try_for_each(|seg| {
-                write_seal(self.dev.as_ref(), &self.sb, seg.index, seg.seq, seg.tail, &seg.summary, seg.records)
-                    .map_err(StoreError::from)
-            })
-        });
-        match done {
-            Ok(()) => {
-                log.unsummarized.clear();
-                Ok(())
-            }
-            Err(e) => {
-                self.poison(log, e.to_string());
-                Err(e)
-            }
+        if let Err(e) = self.dev.sync() {
+            self.poison(log, e.to_string());
+            return Err(e.into());
         }
+        self.write_summaries(log, |_| true)
     }
 
     /// Starts appending to a segment: the one sealed by the last clean close if it has room,
@@ -598,18 +587,19 @@ impl Inner {
         if sealed.is_empty() {
             return Ok(());
         }
-        let mut log = self.lock_log();
-        let ready: Vec<OpenSeg> = {
-            let (ready, waiting) =
-                std::mem::take(&mut log.unsummarized).into_iter().partition(|s| sealed.contains(&(s.index, s.seq)));
-            log.unsummarized = waiting;
-            ready
-        };
+        self.write_summaries(&mut self.lock_log(), |s| sealed.contains(&(s.index, s.seq)))
+    }
+
+    /// Writes the waiting summaries of the sealed segments `which` selects, and forgets them.
+    /// A failed write poisons the store.
+    fn write_summaries(&self, log: &mut LogState, which: impl Fn(&OpenSeg) -> bool) -> Result<()> {
+        let (ready, waiting): (Vec<OpenSeg>, _) = std::mem::take(&mut log.unsummarized).into_iter().partition(which);
+        log.unsummarized = waiting;
         for seg in &ready {
             if let Err(e) =
                 write_seal(self.dev.as_ref(), &self.sb, seg.index, seg.seq, seg.tail, &seg.summary, seg.records)
             {
-                self.poison(&mut log, e.to_string());
+                self.poison(log, e.to_string());
                 return Err(e.into());
             }
         }

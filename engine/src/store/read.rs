@@ -10,7 +10,7 @@ use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::UNIT_BYTES;
 
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, is_expired, key_fp, ContentEntry, ContentFp, Loc};
+use crate::index::{content_fp, is_expired, key_fp, ContentEntry, ContentFp, KeyFp, Loc};
 use crate::log::scan::{check_payload, read_segment};
 use crate::log::{Pos, SegState};
 use crate::options::ReadOptions;
@@ -172,11 +172,7 @@ impl Store {
         let inner = &self.inner;
         inner.metrics.gets.fetch_add(1, Ordering::Relaxed);
         let kfp = key_fp(namespace, key);
-        let lookup = || {
-            let index = inner.index_read();
-            let k = index.key(&kfp).filter(|k| !is_expired(k, inner.clock.now_unix_s()))?;
-            index.content(k.content).copied()
-        };
+        let lookup = || inner.live_content(&kfp);
         let block = match lookup() {
             Some(entry) => inner.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry))?,
             None => None,
@@ -193,14 +189,7 @@ impl Store {
         validate_namespace(namespace)?;
         validate_key(key)?;
         let inner = &self.inner;
-        let entry = {
-            let index = inner.index_read();
-            index
-                .key(&key_fp(namespace, key))
-                .filter(|k| !is_expired(k, inner.clock.now_unix_s()))
-                .and_then(|k| index.content(k.content).copied())
-        };
-        let Some(entry) = entry else {
+        let Some(entry) = inner.live_content(&key_fp(namespace, key)) else {
             inner.metrics.gets.fetch_add(1, Ordering::Relaxed);
             inner.metrics.count_get(None);
             return Ok(Resident::Absent);
@@ -225,14 +214,7 @@ impl Store {
         validate_key(key)?;
         let inner = &self.inner;
         let kfp = key_fp(namespace, key);
-        let entry = {
-            let index = inner.index_read();
-            let k = index.key(&kfp).filter(|k| !is_expired(k, inner.clock.now_unix_s()));
-            match k.and_then(|k| index.content(k.content)) {
-                Some(entry) => *entry,
-                None => return Ok(None),
-            }
-        };
+        let Some(entry) = inner.live_content(&kfp) else { return Ok(None) };
         let loc = entry.record;
         if let Some(cached) = inner.dram.as_ref().and_then(|d| d.peek(&entry.fp, loc)) {
             return Ok(Some(cached.meta.clone()));
@@ -296,11 +278,7 @@ impl Store {
         self.inner.ensure_open()?;
         let inner = &self.inner;
         let kfp = key_fp(namespace, key);
-        let lookup = || {
-            let index = inner.index_read();
-            let k = index.key(&kfp).filter(|k| !is_expired(k, inner.clock.now_unix_s()))?;
-            index.content(k.content).copied()
-        };
+        let lookup = || inner.live_content(&kfp);
         if let Some(entry) = lookup() {
             if let Direct::Read(meta, len) = inner.read_direct(&entry, buf, opts)? {
                 inner.metrics.gets.fetch_add(1, Ordering::Relaxed);
@@ -421,6 +399,13 @@ impl Inner {
             deduplicated: h.kind == RecordKind::Link,
             cursor,
         })
+    }
+
+    /// The block a live (stored, not expired) key names.
+    fn live_content(&self, kfp: &KeyFp) -> Option<ContentEntry> {
+        let index = self.index_read();
+        let k = index.key(kfp).filter(|k| !is_expired(k, self.clock.now_unix_s()))?;
+        index.content(k.content).copied()
     }
 
     /// Reads a raw block on the log straight into `buf`: its header units and its whole payload

@@ -92,17 +92,17 @@ impl Store {
         let inner = &self.inner;
         let now = inner.clock.now_unix_ms();
         // Everything that can refuse a put is checked before any of the batch is written.
-        for (key, bytes) in items {
-            inner.checked_header(namespace, key, bytes, opts, now)?;
-        }
+        let mut checked = items
+            .iter()
+            .map(|(key, bytes)| Ok((inner.checked_header(namespace, key, bytes, opts, now)?, *bytes)))
+            .collect::<Result<Vec<_>>>()?;
         // A large batch is prepared (hashed, checksummed, copied) in groups, the next group
         // while the last one is written, so that the disk is not idle while the CPUs hash, and
         // only a few groups of record buffers exist at once.
         let mut groups = Vec::new();
-        let mut rest = items;
-        while !rest.is_empty() {
+        while !checked.is_empty() {
             let mut bytes = 0;
-            let take = rest
+            let take = checked
                 .iter()
                 .take_while(|(_, b)| {
                     let before = bytes;
@@ -110,9 +110,8 @@ impl Store {
                     before < PIPELINE_BYTES
                 })
                 .count();
-            let (group, tail) = rest.split_at(take.max(1));
-            groups.push(group);
-            rest = tail;
+            let tail = checked.split_off(take.clamp(1, checked.len()));
+            groups.push(std::mem::replace(&mut checked, tail));
         }
         let mut hashes = Vec::with_capacity(items.len());
         let mut last_end = Pos::default();
@@ -128,14 +127,16 @@ impl Store {
             }
             Ok(())
         };
-        match groups.as_slice() {
-            [] => {}
-            [only] => write(inner.prepare_parallel(namespace, only, opts, now)?)?,
-            _ => std::thread::scope(|s| {
+        if groups.len() <= 1 {
+            for group in groups {
+                write(inner.prepare_parallel(namespace, group)?)?;
+            }
+        } else {
+            std::thread::scope(|s| {
                 let (tx, rx) = std::sync::mpsc::sync_channel(1);
                 s.spawn(move || {
                     for group in groups {
-                        let prepared = inner.prepare_parallel(namespace, group, opts, now);
+                        let prepared = inner.prepare_parallel(namespace, group);
                         let failed = prepared.is_err();
                         // The receiver stops on the first error, its own or this one.
                         if tx.send(prepared).is_err() || failed {
@@ -144,7 +145,7 @@ impl Store {
                     }
                 });
                 rx.into_iter().try_for_each(|prepared| write(prepared?))
-            })?,
+            })?;
         }
         if opts.durability == Durability::Synced {
             inner.sync.sync_to(last_end, inner)?;
@@ -349,29 +350,32 @@ impl Store {
 }
 
 impl Inner {
-    /// `prepare` for each item, in order; a group of at least `PARALLEL_MIN_BYTES` on every
-    /// core.
+    /// `prepare` for each checked item, in order; a group of at least `PARALLEL_MIN_BYTES` on
+    /// every core.
     fn prepare_parallel<'a>(
         &self,
         namespace: &str,
-        items: &[(&str, &'a [u8])],
-        opts: &PutOptions,
-        now: u64,
+        mut items: Vec<(RecordHeader, &'a [u8])>,
     ) -> Result<Vec<Prepared<'a>>> {
-        let prepare = |chunk: &[(&str, &'a [u8])]| -> Result<Vec<Prepared<'a>>> {
-            chunk.iter().map(|(key, bytes)| self.prepare(namespace, key, bytes, opts, now)).collect()
+        let prepare = |chunk: Vec<(RecordHeader, &'a [u8])>| -> Vec<Prepared<'a>> {
+            chunk.into_iter().map(|(header, bytes)| self.prepare(namespace, header, bytes)).collect()
         };
         let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
         let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(items.len());
         if workers < 2 || bytes < PARALLEL_MIN_BYTES {
-            return prepare(items);
+            return Ok(prepare(items));
+        }
+        let per = items.len().div_ceil(workers);
+        let mut chunks = Vec::with_capacity(workers);
+        while !items.is_empty() {
+            let tail = items.split_off(per.min(items.len()));
+            chunks.push(std::mem::replace(&mut items, tail));
         }
         std::thread::scope(|s| {
-            let parts: Vec<_> =
-                items.chunks(items.len().div_ceil(workers)).map(|chunk| s.spawn(move || prepare(chunk))).collect();
-            let mut all = Vec::with_capacity(items.len());
+            let parts: Vec<_> = chunks.into_iter().map(|chunk| s.spawn(move || prepare(chunk))).collect();
+            let mut all = Vec::with_capacity(per * workers);
             for part in parts {
-                all.extend(part.join().map_err(|_| StoreError::invalid("put", "a hashing thread panicked"))??);
+                all.extend(part.join().map_err(|_| StoreError::invalid("put", "a hashing thread panicked"))?);
             }
             Ok(all)
         })
@@ -425,16 +429,9 @@ impl Inner {
         Ok(header)
     }
 
-    /// Validates and hashes one block and decides between a block and a link record.
-    fn prepare<'a>(
-        &self,
-        namespace: &str,
-        key: &str,
-        bytes: &'a [u8],
-        opts: &PutOptions,
-        now: u64,
-    ) -> Result<Prepared<'a>> {
-        let mut header = self.checked_header(namespace, key, bytes, opts, now)?;
+    /// Hashes one block whose header `checked_header` made, and decides between a block and
+    /// a link record.
+    fn prepare<'a>(&self, namespace: &str, mut header: RecordHeader, bytes: &'a [u8]) -> Prepared<'a> {
         if header.compression.codec_id == CompressionMeta::CODEC_NONE {
             header.content_hash = *blake3::hash(bytes).as_bytes();
         }
@@ -447,7 +444,8 @@ impl Inner {
             header.payload_crc = crc32c::crc32c(bytes);
         }
         let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, bytes));
-        Ok(Prepared { header, payload: bytes, buf, key: key_fp(namespace, key), content, source: None })
+        let key = key_fp(namespace, &header.key);
+        Prepared { header, payload: bytes, buf, key, content, source: None }
     }
 
     /// Reserves space for a prefix of `items` in log order, updates the index and returns the
