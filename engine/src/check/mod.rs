@@ -21,7 +21,7 @@ use crate::checkpoint_io::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::index::{key_fp, ContentFp, Index, KeyFp, Loc};
 use crate::recovery::apply;
-use scan::{HeaderState, SegmentScan, SummaryState, VolumeScan};
+use scan::{HeaderState, ScannedRecord, SegmentScan, SummaryState, VolumeScan};
 
 pub use fsck::{fsck, FsckOptions, FsckOutcome};
 pub use scan::{scan_volume, ScanError, ScanOptions};
@@ -312,7 +312,11 @@ pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
             Some((_, end)) => end,
             None => 1,
         };
-        for rec in seg.records.iter().filter(|r| r.unit >= from) {
+        // A damaged record of an unsealed segment that no checkpoint covers is what a crash
+        // leaves of a write that was never synced; recovery stops before it, so the key keeps
+        // whatever it named before.
+        let torn = |r: &&ScannedRecord| seg.summary == SummaryState::Unsealed && r.damage.is_some();
+        for rec in seg.records.iter().filter(|r| r.unit >= from).filter(|r| !torn(r)) {
             apply(
                 &mut index,
                 seg.index,
@@ -399,14 +403,16 @@ fn reachability(scan: &VolumeScan, index: &Index, r: &mut Report) {
                 r.dead_bytes += u64::from(rec.units) * UNIT_BYTES;
             }
             let Some(why) = &rec.damage else { continue };
-            let (severity, meaning) = match (keys, reached) {
-                (Some(_), _) => (Severity::Error, "its bytes cannot be returned: reads of the keys that name them are misses; repair deletes those keys"),
-                (None, true) => (Severity::Warning, "the key still resolves through the summary's copy of this header; its bytes are elsewhere and intact"),
-                (None, false) => (Severity::Info, "no key reaches it any more; its space is freed when its segment is reclaimed"),
+            let unsealed = seg.summary == SummaryState::Unsealed;
+            let (severity, kind, meaning) = match (keys, reached, unsealed) {
+                (Some(_), _, _) => (Severity::Error, "damaged_record", "its bytes cannot be returned: reads of the keys that name them are misses; repair deletes those keys"),
+                (None, true, _) => (Severity::Warning, "damaged_record", "the key still resolves through the summary's copy of this header; its bytes are elsewhere and intact"),
+                (None, false, true) => (Severity::Warning, "torn_record", "a write that was not yet synced when the volume stopped (or damage to one): it was never acknowledged as durable, so nothing acknowledged is lost; the key keeps what it named before, if anything, and repair leaves the record out when it seals the segment"),
+                (None, false, false) => (Severity::Info, "damaged_record", "no key reaches it any more; its space is freed when its segment is reclaimed"),
             };
             let mut p = problem(
                 severity,
-                "damaged_record",
+                kind,
                 Some(seg.index),
                 Some(record_offset(scan, seg.index, rec.unit)),
                 format!("{:?} record is damaged: {why}", h.kind),

@@ -48,8 +48,16 @@ pub fn repair_structures(
                 if *summary_state == SummaryState::Sealed && salvaged == 0 {
                     continue;
                 }
+                // Damaged records of an unsealed segment are the torn writes a crash leaves
+                // (fsck reports them as torn_record): the summary leaves them out, as recovery
+                // does, so their keys keep what they named before.
+                let kept: Vec<_> = seg
+                    .records
+                    .iter()
+                    .filter(|r| *summary_state != SummaryState::Unsealed || r.damage.is_none())
+                    .collect();
                 let mut bytes = Vec::new();
-                for rec in &seg.records {
+                for rec in &kept {
                     summary::encode_entry(&mut bytes, rec.unit, &rec.header.encode());
                 }
                 let end = u64::from(seg.end_unit) * UNIT_BYTES + bytes.len() as u64;
@@ -60,7 +68,7 @@ pub fn repair_structures(
                     ));
                     continue;
                 }
-                write_seal(dev, sb, seg.index, *seq, seg.end_unit, &bytes, seg.records.len() as u32)?;
+                write_seal(dev, sb, seg.index, *seq, seg.end_unit, &bytes, kept.len() as u32)?;
                 let why = match summary_state {
                     SummaryState::Damaged(_) => "rewrote its damaged summary",
                     SummaryState::Unsealed => "sealed it after its last intact record",
@@ -69,7 +77,7 @@ pub fn repair_structures(
                 done.push(format!(
                     "segment {}: {why} ({} records{})",
                     seg.index,
-                    seg.records.len(),
+                    kept.len(),
                     if salvaged > 0 { format!(", {salvaged} of them found after damage") } else { String::new() }
                 ));
             }

@@ -4,6 +4,7 @@
 //! then `index` (read-mostly; gets take only its read lock), then `pending` (records reserved
 //! but not yet written, so that gets see them). Device I/O for records runs outside all locks.
 
+mod checkpointer;
 mod prometheus;
 mod read;
 mod stats;
@@ -18,7 +19,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::SyncSender;
+use std::sync::mpsc::{Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 
@@ -50,6 +51,7 @@ use self::write::WriteJob;
 pub struct Store {
     inner: Arc<Inner>,
     writer: Mutex<Option<(SyncSender<WriteJob>, JoinHandle<()>)>>,
+    checkpointer: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[derive(Debug)]
@@ -68,6 +70,8 @@ struct Inner {
     pool: Arc<BufferPool>,
     /// Seq of the newest checkpoint written; serializes checkpoint writes.
     checkpoint_saved: Mutex<u64>,
+    /// Snapshots for the background checkpointer; `None` once it is stopped.
+    checkpoint_jobs: Mutex<Option<Sender<checkpointer::Job>>>,
     sync: GroupCommit,
     metrics: Metrics,
     /// Copies of blocks in memory above the log, if configured.
@@ -90,8 +94,6 @@ struct LogState {
     open: Option<OpenSeg>,
     /// A sealed segment with room that the first write after open resumes.
     resumable: Option<OpenSeg>,
-    /// A checkpoint snapshot taken at a seal, to be written outside the lock.
-    pending_checkpoint: Option<Checkpoint>,
     /// Segments sealed (full, no more appends) whose summaries wait for the next device sync:
     /// a summary must not become durable before the records it lists, and a put that fills a
     /// segment should not wait for a sync of the whole segment. Until its summary is written,
@@ -225,7 +227,6 @@ impl Store {
                 segments: recovered.segments,
                 open: recovered.open,
                 resumable: recovered.resumable,
-                pending_checkpoint: None,
                 unsummarized: Vec::new(),
                 next_seq: recovered.next_seq,
                 next_checkpoint_seq: recovered.next_checkpoint_seq,
@@ -238,6 +239,7 @@ impl Store {
             pending: Mutex::new(HashMap::new()),
             pool,
             checkpoint_saved: Mutex::new(0),
+            checkpoint_jobs: Mutex::new(None),
             sync: GroupCommit::default(),
             metrics: Metrics::default(),
             dram,
@@ -249,7 +251,9 @@ impl Store {
             lock: Mutex::new(lock),
         });
         let writer = write::spawn_writer(Arc::clone(&inner), queue_depth)?;
-        let store = Store { inner, writer: Mutex::new(Some(writer)) };
+        let (jobs, checkpointer) = checkpointer::spawn(Arc::downgrade(&inner))?;
+        *inner.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs);
+        let store = Store { inner, writer: Mutex::new(Some(writer)), checkpointer: Mutex::new(Some(checkpointer)) };
         if store.inner.recovery.records_replayed > 0 || store.inner.recovery.stale_segments_freed > 0 {
             // Save the replay's work for the next open.
             let mut log = store.inner.lock_log();
@@ -274,6 +278,7 @@ impl Store {
     /// this handle lives; every later call on this handle fails with [`StoreError::Closed`].
     pub fn close(&self) -> Result<()> {
         self.stop_writer();
+        self.stop_checkpointer();
         let mut log = self.inner.lock_log();
         if log.closed {
             return Ok(());
@@ -294,6 +299,16 @@ impl Store {
         result
     }
 
+    /// Lets the checkpointer finish what it is writing and waits for it: the checkpoint `close`
+    /// writes must be the last thing written to the volume.
+    fn stop_checkpointer(&self) {
+        self.inner.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let handle = self.checkpointer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if handle.is_some_and(|h| h.join().is_err()) {
+            tracing::error!("checkpoint thread panicked");
+        }
+    }
+
     fn stop_writer(&self) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some((tx, handle)) = writer {
@@ -309,7 +324,9 @@ impl Drop for Store {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // A panicking caller may have left a reservation unwritten; sealing would wait for
-            // it forever. The next open recovers from the log.
+            // it forever. The next open recovers from the log. The checkpointer ends after what
+            // it is writing (it holds no strong reference to the store).
+            self.inner.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
             return;
         }
         if let Err(e) = self.close() {
@@ -384,11 +401,15 @@ impl Inner {
         log.unsummarized.push(open);
         log.seals_since_checkpoint += 1;
         if log.seals_since_checkpoint >= self.opts.checkpoint_every_segments {
-            // Everything up to here is synced before the summaries: snapshot now, write the
-            // checkpoint after the log lock is released so writers are not held up by it.
-            self.sync_and_summarize(&mut log)?;
+            // Every record reserved so far is written (this seal waited for the last ones), so
+            // the snapshot describes a written prefix of the log; the checkpointer syncs it
+            // before writing the checkpoint, while the log goes on.
+            let through = Self::written_through_locked(&log);
             let cp = self.snapshot(&mut log);
-            log.pending_checkpoint = Some(cp);
+            if let Some(jobs) = self.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                // A send fails only when the thread is gone; `close` writes a checkpoint anyway.
+                let _ = jobs.send(checkpointer::Job { cp, through });
+            }
         }
         Ok(log)
     }
@@ -564,15 +585,6 @@ impl Inner {
         Ok(())
     }
 
-    /// Writes the checkpoint a seal left behind, if any, with no lock of the log held.
-    fn save_pending_checkpoint(&self) -> Result<()> {
-        let pending = self.lock_log().pending_checkpoint.take();
-        match pending {
-            Some(cp) => self.save_checkpoint(&cp),
-            None => Ok(()),
-        }
-    }
-
     /// What a sync about to start will cover: the position through which every reserved record
     /// has been written, and the sealed segments whose summaries wait for a sync (their records
     /// are all written).
@@ -608,7 +620,10 @@ impl Inner {
 
     /// The position through which every reserved record has been written.
     fn written_through(&self) -> Pos {
-        let log = self.lock_log();
+        Self::written_through_locked(&self.lock_log())
+    }
+
+    fn written_through_locked(log: &LogState) -> Pos {
         match &log.open {
             Some(open) => open.written_through(),
             None => Pos { seq: log.next_seq, unit: 0 },

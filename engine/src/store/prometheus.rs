@@ -49,6 +49,7 @@ impl Stats {
             ("evicted_bytes_total", "Bytes dropped by segment reclaim.", self.evicted_bytes),
             ("segments_reclaimed_total", "Segments reclaimed.", self.segments_reclaimed),
             ("checkpoints_total", "Checkpoints written.", self.checkpoints),
+            ("checkpoint_errors_total", "Checkpoints that could not be written.", self.checkpoint_errors),
             ("syncs_total", "fdatasync calls.", self.syncs),
         ] {
             metric(name, "counter", help, &one(v));

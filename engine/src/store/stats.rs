@@ -30,6 +30,7 @@ pub(super) struct Metrics {
     pub evicted_bytes: AtomicU64,
     pub segments_reclaimed: AtomicU64,
     pub checkpoints: AtomicU64,
+    pub checkpoint_errors: AtomicU64,
     pub syncs: AtomicU64,
 }
 
@@ -124,6 +125,8 @@ pub struct Stats {
     pub evicted_bytes: u64,
     pub segments_reclaimed: u64,
     pub checkpoints: u64,
+    /// Checkpoints that could not be written (the next open replays more of the log).
+    pub checkpoint_errors: u64,
     pub syncs: u64,
     pub device_backend: String,
     pub direct_io: bool,
@@ -207,6 +210,7 @@ impl Store {
             evicted_bytes: get(&m.evicted_bytes),
             segments_reclaimed: get(&m.segments_reclaimed),
             checkpoints: get(&m.checkpoints),
+            checkpoint_errors: get(&m.checkpoint_errors),
             syncs: get(&m.syncs),
             device_backend: caps.backend.to_string(),
             direct_io: caps.direct_io,

@@ -806,3 +806,74 @@ fn a_batch_larger_than_a_pipeline_group_is_prepared_while_written_and_refused_wh
         assert_eq!(get(&after, key).unwrap(), *bytes, "{key} after a crash");
     }
 }
+
+/// A device whose syncs wait until the test opens the gate.
+#[derive(Debug)]
+struct GatedSync {
+    dev: MemDevice,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    waiting: AtomicU64,
+}
+
+impl BlockDevice for GatedSync {
+    fn capacity_bytes(&self) -> u64 {
+        self.dev.capacity_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        self.dev.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<(), crate::device::DeviceError> {
+        self.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+        self.waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.dev.sync()
+    }
+    fn capabilities(&self) -> crate::device::Capabilities {
+        self.dev.capabilities()
+    }
+}
+
+#[test]
+fn puts_go_on_while_the_checkpointer_waits_for_a_sync() {
+    let dev = Arc::new(GatedSync {
+        dev: MemDevice::new(SEG * 16),
+        open: std::sync::Mutex::new(true),
+        opened: std::sync::Condvar::new(),
+        waiting: AtomicU64::new(0),
+    });
+    let opts = StoreOptions { checkpoint_every_segments: 1, ..StoreOptions::default() };
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Store::create_on(dev.clone(), &create, opts).unwrap();
+    *dev.open.lock().unwrap() = false;
+    let written = PutOptions { durability: Durability::Written, ..PutOptions::default() };
+    // Fill several segments: every seal asks for a checkpoint, whose sync cannot finish.
+    for i in 0..12u64 {
+        s.put("default", &format!("k{i}"), &block(i, 300_000), &written).unwrap();
+    }
+    assert_eq!(s.stats().checkpoints, 0, "a checkpoint was written before its sync");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while dev.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the checkpointer never asked for a sync");
+        std::thread::yield_now();
+    }
+    *dev.open.lock().unwrap() = true;
+    dev.opened.notify_all();
+    while s.stats().checkpoints == 0 {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint after the sync finished");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    s.close().unwrap();
+    let crashed = Arc::new(dev.dev.crash(CrashMode::DropAll));
+    let s = Store::open_on(crashed, StoreOptions::default()).unwrap();
+    assert!(s.recovery_report().checkpoint_seq.is_some());
+    for i in 0..12u64 {
+        assert_eq!(get(&s, &format!("k{i}")).as_deref(), Some(&block(i, 300_000)[..]), "k{i}");
+    }
+}

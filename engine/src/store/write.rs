@@ -123,7 +123,6 @@ impl Store {
                 rest = rest.get_mut(done..).unwrap_or_default();
                 last_end = jobs.iter().map(WriteJob::end).max().unwrap_or(last_end).max(last_end);
                 self.submit(jobs, opts.durability)?;
-                inner.save_pending_checkpoint()?;
             }
             Ok(())
         };
@@ -184,7 +183,6 @@ impl Store {
         let existed = !jobs.is_empty();
         let end = jobs.iter().map(WriteJob::end).max();
         self.submit(jobs, durability)?;
-        inner.save_pending_checkpoint()?;
         if let (Durability::Synced, Some(end)) = (durability, end) {
             inner.sync.sync_to(end, inner)?;
         }
@@ -276,7 +274,6 @@ impl Store {
             rest = rest.get_mut(done..).unwrap_or_default();
             last_end = jobs.iter().map(WriteJob::end).max().unwrap_or(last_end).max(last_end);
             self.submit(jobs, durability)?;
-            inner.save_pending_checkpoint()?;
         }
         if durability == Durability::Synced {
             inner.sync.sync_to(last_end, inner)?;

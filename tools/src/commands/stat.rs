@@ -50,7 +50,8 @@ pub fn to_json(s: &Stats) -> serde_json::Value {
         "counters": {
             "evicted_keys": s.evicted_keys, "evicted_blocks": s.evicted_blocks, "evicted_bytes": s.evicted_bytes,
             "segments_reclaimed": s.segments_reclaimed, "read_errors": s.read_errors,
-            "direct_reads": s.direct_reads,
+            "direct_reads": s.direct_reads, "checkpoints": s.checkpoints,
+            "checkpoint_errors": s.checkpoint_errors, "syncs": s.syncs,
         },
         "tiers": s.tiers.iter().map(tier_json).collect::<Vec<_>>(),
         "writes_refused": s.poisoned,
