@@ -6,6 +6,9 @@
 # (every GET read from the volume with O_DIRECT).
 #
 #   scripts/bench-lmcache.sh DIR     DIR: where to put the volume (on the disk to measure)
+#   CLIENTS="1 4"                    concurrent client connections to measure, one after the
+#                                    other on the same server (default 1); the objects are
+#                                    shared out among them, so every run moves the same bytes
 #
 # Needs the LMCache environment (scripts/lmcache-interop.sh --install).
 set -euo pipefail
@@ -23,13 +26,15 @@ rm -rf "$dir/bench-lmcache"
 serve_kvhoard() { # PORT DRAM
   rm -rf "$dir/bench-lmcache"
   "$kvhoard" init "$dir/bench-lmcache" --capacity 8GiB >/dev/null
-  "$kvhoard" serve "$dir/bench-lmcache" --lm "$1" --dram-tier "$2" 2>/dev/null &
+  "$kvhoard" serve "$dir/bench-lmcache" --lm "$1" --dram-tier "$2" ${SERVE_THREADS:+--threads "$SERVE_THREADS"} 2>/dev/null &
   pids+=($!)
   sleep 1
 }
 
 bench() { # PORT SIZE COUNT ROUNDS LABEL
-  "$py" tests/lmcache/bench_lm.py 127.0.0.1 "$@"
+  for clients in ${CLIENTS:-1}; do
+    "$py" tests/lmcache/bench_lm.py 127.0.0.1 "$1" "$2" $(($3 / clients)) "$4" "$5" "$clients"
+  done
 }
 
 for spec in "2097152 128 4" "33554432 32 2"; do

@@ -1,13 +1,17 @@
 """GET throughput and latency of an lm:// server, with one client speaking LMCache 0.5.6's wire
 format (the same bytes as lmcache/v1/protocol.py) over one connection.
 
-Usage: bench_lm.py HOST PORT SIZE_BYTES COUNT ROUNDS LABEL
+Usage: bench_lm.py HOST PORT SIZE_BYTES COUNT ROUNDS LABEL [CLIENTS]
 
 Puts COUNT objects of SIZE_BYTES (KV_2LTD bf16 shapes), then GETs each of them ROUNDS times in
 order, timing every GET from the request to the last payload byte. Prints one JSON line.
+With CLIENTS > 1, that many processes do this at once, each over its own connection with its
+own keys (as the workers of one tensor-parallel vLLM instance do); the GET phase starts in all
+of them together, and the throughput is all bytes over the time of the slowest.
 """
 
 import json
+import multiprocessing
 import socket
 import struct
 import sys
@@ -15,6 +19,7 @@ import time
 
 HOST, PORT, SIZE, COUNT, ROUNDS, LABEL = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
     int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+CLIENTS = int(sys.argv[7]) if len(sys.argv) > 7 else 1
 PUT, GET = 1, 2
 
 
@@ -31,24 +36,35 @@ def recv_exact(sock, view):
         got += n
 
 
-def main():
+def client(index, barrier, out):
+    """One connection; sends back (latencies, seconds), or (None, why) if it failed."""
+    try:
+        out.put(run_client(index, barrier))
+    except BaseException as e:  # noqa: BLE001 - reported by the parent, which must not hang
+        barrier.abort()
+        out.put((None, f"client {index}: {e!r}"))
+
+
+def run_client(index, barrier):
+    """Puts this client's objects, waits for every client, GETs them."""
     tokens = SIZE // (2 * 2 * 8 * 1024)  # [2, 8 layers, tokens, 1024] bf16
     shape = (2, 8, tokens, 1024)
-    assert 2 * 8 * tokens * 1024 * 2 == SIZE, "size must be a multiple of 32 KiB"
     sock = socket.create_connection((HOST, PORT))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    payloads = [bytes([i % 251]) * SIZE for i in range(COUNT)]
-    keys = [f"bench/model@1@0@{i:x}@bfloat16" for i in range(COUNT)]
-    for k, p in zip(keys, payloads):
+    # Distinct bytes per object and client (a content-addressed store must not share them).
+    fill = [(index * COUNT + i) % 251 for i in range(COUNT)]
+    keys = [f"bench/model@{CLIENTS}@{index}@{i:x}@bfloat16" for i in range(COUNT)]
+    for k, f in zip(keys, fill):
         sock.sendall(header(PUT, SIZE, shape, k))
-        sock.sendall(p)
+        sock.sendall(bytes([f]) * SIZE)
     buf = bytearray(SIZE)
     view = memoryview(buf)
     reply = bytearray(36)
     lat = []
+    barrier.wait()
     start = time.perf_counter()
     for _ in range(ROUNDS):
-        for i, k in enumerate(keys):
+        for f, k in zip(fill, keys):
             t0 = time.perf_counter()
             sock.sendall(header(GET, 0, (0, 0, 0, 0), k))
             recv_exact(sock, memoryview(reply))
@@ -57,12 +73,29 @@ def main():
                 raise SystemExit(f"GET {k}: code {code}, length {length}")
             recv_exact(sock, view)
             lat.append(time.perf_counter() - t0)
-            if buf[0] != i % 251 or buf[-1] != i % 251:
+            if buf[0] != f or buf[-1] != f:
                 raise SystemExit(f"GET {k}: wrong bytes")
-    total = time.perf_counter() - start
-    lat.sort()
+    return lat, time.perf_counter() - start
+
+
+def main():
+    tokens = SIZE // (2 * 2 * 8 * 1024)
+    assert 2 * 8 * tokens * 1024 * 2 == SIZE, "size must be a multiple of 32 KiB"
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(CLIENTS), ctx.Queue()
+    procs = [ctx.Process(target=client, args=(i, barrier, out)) for i in range(CLIENTS)]
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    failed = [why for lat, why in results if lat is None]
+    if failed:
+        raise SystemExit("; ".join(failed))
+    lat = sorted(x for r, _ in results for x in r)
+    total = max(t for _, t in results)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6
-    print(json.dumps({"server": LABEL, "object_bytes": SIZE, "gets": len(lat),
+    print(json.dumps({"server": LABEL, "object_bytes": SIZE, "clients": CLIENTS, "gets": len(lat),
                       "get_mbps": round(SIZE * len(lat) / total / 1e6, 1),
                       "get_p50_us": round(pct(0.50)), "get_p99_us": round(pct(0.99))}))
 

@@ -286,8 +286,8 @@ pub enum Command {
         /// Bytes of objects to keep in a DRAM tier above the log (0 = none).
         #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
         dram_tier: u64,
-        /// Network threads (0: a quarter of the CPUs, 1 to 8; payloads are copied by the kernel,
-        /// so few are needed).
+        /// Network threads (0: one per CPU, at most 64). Sending a payload copies it into the
+        /// socket on the sending thread, so concurrent connections need several.
         #[arg(long, default_value_t = 0, value_name = "N")]
         threads: usize,
     },

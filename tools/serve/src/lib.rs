@@ -62,8 +62,9 @@ pub struct ServeOptions {
     pub durability: Durability,
     /// TTL given to every stored object, unless the client sets one (RESP `SET ... EX`).
     pub ttl_secs: Option<u32>,
-    /// Runtime threads for the network; 0 picks a quarter of the CPUs (1 to 8). Payload bytes
-    /// are copied by the kernel, not these threads, so few are needed; more only contend.
+    /// Runtime threads for the network; 0 picks one per CPU (at most 64). The kernel copies a
+    /// payload into the socket in the context of the thread that sends it, so one thread would
+    /// serve every connection's sends from one core.
     pub threads: usize,
     /// Most threads running engine calls at once.
     pub blocking_threads: usize,
@@ -242,7 +243,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
 
 fn network_threads(asked: usize) -> usize {
     match asked {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get() / 4).clamp(1, 8),
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 64),
         n => n,
     }
 }
