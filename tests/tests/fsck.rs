@@ -251,16 +251,23 @@ fn a_volume_that_was_never_closed_is_sealed_and_checkpointed() {
 fn intact_records_after_damage_in_an_unsealed_segment_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let vol = volume(dir.path());
-    kill_writer(&vol, 2000);
+    // Kill the writer until it leaves an unsealed segment with a few records (where the kill
+    // lands depends on how fast this machine is right now; each attempt writes new keys).
+    let unsealed_with_records = |scan: &kvhoard_engine::check::scan::VolumeScan| {
+        scan.segments
+            .iter()
+            .position(|s| s.summary == kvhoard_engine::check::scan::SummaryState::Unsealed && s.records.len() >= 6)
+    };
+    let (scan, at) = (0..20u64)
+        .find_map(|attempt| {
+            kill_writer(&vol, 2000 + attempt * 10_000);
+            let dev = FileDevice::open(&data(&vol), false).unwrap();
+            let scan = scan_volume(&dev, ScanOptions::default(), &|_, _| {}).unwrap();
+            unsealed_with_records(&scan).map(|at| (scan, at))
+        })
+        .expect("an unsealed segment with records after 20 kills");
     // Zero the payload of an early record of the unsealed segment: recovery would stop there.
-    let dev = FileDevice::open(&data(&vol), false).unwrap();
-    let scan = scan_volume(&dev, ScanOptions::default(), &|_, _| {}).unwrap();
-    drop(dev);
-    let seg = scan
-        .segments
-        .iter()
-        .find(|s| s.summary == kvhoard_engine::check::scan::SummaryState::Unsealed && s.records.len() >= 6)
-        .expect("an unsealed segment with records");
+    let seg = &scan.segments[at];
     let victim = &seg.records[2];
     let after: Vec<(String, usize)> =
         seg.records[3..].iter().map(|r| (r.header.key.clone(), r.header.stored_len as usize)).collect();
