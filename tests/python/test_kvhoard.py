@@ -48,6 +48,16 @@ def test_batches_and_reopen(tmp_path):
     outs = [bytearray(64 * 1024) for _ in range(9)]
     assert store.get_batch_into(keys + ["nope"], outs) == [64 * 1024] * 8 + [None]
     assert [bytes(o) for o in outs[:8]] == blocks
+    # Several keys in flight: the same answers, in the keys' order.
+    for depth in (1, 3, 64):
+        outs = [bytearray(64 * 1024) for _ in range(9)]
+        order = ["nope"] + keys[::-1]
+        assert store.get_batch_into(order, outs, io_depth=depth) == [None] + [64 * 1024] * 8
+        assert [bytes(o) for o in outs[1:]] == blocks[::-1]
+        descs = store.describe_batch(order, io_depth=depth)
+        assert descs[0] is None
+        assert [d["size"] for d in descs[1:]] == [64 * 1024] * 8
+        assert [d["hash"] for d in descs[1:]] == [store.describe(k)["hash"] for k in keys[::-1]]
 
 
 def test_threads_share_a_store(tmp_path):

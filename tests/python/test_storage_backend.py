@@ -138,8 +138,8 @@ def test_a_chunk_replaced_by_another_shape_is_a_miss_not_garbage(tmp_path):
             def __getattr__(self, name):
                 return getattr(real, name)
 
-            def describe(self, name):
-                return {**real.describe(name), "shape": [2, 8, 512, 256]}
+            def describe_batch(self, names, io_depth=8):
+                return [{**real.describe(n), "shape": [2, 8, 512, 256]} for n in names]
 
         backend.store = Racing()
         assert backend.get_blocking(key(1)) is None

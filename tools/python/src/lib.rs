@@ -7,6 +7,7 @@
 //! `drain_completions()`.
 
 mod buffers;
+mod parallel;
 mod plugin;
 mod store;
 

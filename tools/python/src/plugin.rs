@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 
 use crate::buffers::Region;
 use crate::engine_error;
+use crate::parallel::{for_each_key, PANICKED};
 use crate::store::{open_engine, parse_durability, same_length};
 
 enum Job {
@@ -41,38 +42,22 @@ struct Shared {
 }
 
 impl Shared {
-    /// Reads a batch with up to `io_depth` keys in flight: one thread reading key after key
-    /// keeps a single block in flight, which leaves a fast disk idle between blocks.
+    /// Reads a batch with up to `io_depth` keys in flight.
     fn get_all(&self, keys: &[String], regions: &mut [Region]) -> (Vec<bool>, Option<String>) {
-        let per_thread = keys.len().div_ceil(self.io_depth.max(1)).max(1);
-        let read_group = |keys: &[String], regions: &mut [Region]| -> Vec<Result<bool, String>> {
-            keys.iter()
-                .zip(regions.iter_mut())
-                .map(|(key, region)| {
-                    // SAFETY: LMCache does not touch a submitted buffer until its completion.
-                    let out = unsafe { region.bytes_mut() };
-                    match self.engine.get_into(&self.namespace, key, out, ReadOptions::default()) {
-                        Ok(found) => Ok(found.is_some()),
-                        Err(e) => Err(format!("get {key:?}: {e}")),
-                    }
-                })
-                .collect()
-        };
-        let results: Vec<Result<bool, String>> = if keys.len() <= per_thread {
-            read_group(keys, regions)
-        } else {
-            std::thread::scope(|scope| {
-                let groups: Vec<_> = keys
-                    .chunks(per_thread)
-                    .zip(regions.chunks_mut(per_thread))
-                    .map(|(k, r)| (k.len(), scope.spawn(move || read_group(k, r))))
-                    .collect();
-                groups
-                    .into_iter()
-                    .flat_map(|(n, g)| g.join().unwrap_or_else(|_| vec![Err("a reader thread panicked".into()); n]))
-                    .collect()
-            })
-        };
+        let results = for_each_key(
+            keys,
+            regions,
+            self.io_depth,
+            |key, region| {
+                // SAFETY: LMCache does not touch a submitted buffer until its completion.
+                let out = unsafe { region.bytes_mut() };
+                match self.engine.get_into(&self.namespace, key, out, ReadOptions::default()) {
+                    Ok(found) => Ok(found.is_some()),
+                    Err(e) => Err(format!("get {key:?}: {e}")),
+                }
+            },
+            || Err(PANICKED.to_string()),
+        );
         let first_error = results.iter().find_map(|r| r.as_ref().err().cloned());
         (results.into_iter().map(|r| r.unwrap_or(false)).collect(), first_error)
     }

@@ -9,7 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffers::Region;
-use crate::engine_error;
+use crate::parallel::{for_each_key, PANICKED};
+use crate::{engine_error, KvhoardError};
 
 /// A kvhoard volume opened in this process.
 ///
@@ -179,26 +180,50 @@ impl Store {
         Ok(hashes.iter().map(|h| PyBytes::new(py, h)).collect())
     }
 
-    /// Reads many blocks into their buffers; a miss is None in its place.
+    /// Reads many blocks into their buffers, `io_depth` keys at once; a miss is None in its
+    /// place.
+    #[pyo3(signature = (keys, outs, *, io_depth=8))]
     fn get_batch_into(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         outs: Vec<Bound<'_, PyAny>>,
+        io_depth: usize,
     ) -> PyResult<Vec<Option<usize>>> {
         same_length(keys.len(), outs.len())?;
         let mut regions = outs.iter().map(|o| Region::writable(o)).collect::<PyResult<Vec<_>>>()?;
         py.detach(|| {
-            keys.iter()
-                .zip(regions.iter_mut())
-                .map(|(key, region)| {
-                    // SAFETY: the caller does not touch the buffers during the call.
-                    let out = unsafe { region.bytes_mut() };
-                    Ok(self.engine.get_into(&self.namespace, key, out, ReadOptions::default())?.map(|(_, n)| n))
-                })
-                .collect::<Result<Vec<_>, kvhoard_engine::StoreError>>()
+            let read = |key: &String, region: &mut Region| {
+                // SAFETY: the caller does not touch the buffers during the call.
+                let out = unsafe { region.bytes_mut() };
+                let got = self.engine.get_into(&self.namespace, key, out, ReadOptions::default());
+                got.map(|found| found.map(|(_, n)| n)).map_err(|e| e.to_string())
+            };
+            for_each_key(&keys, &mut regions, io_depth, read, || Err(PANICKED.to_string()))
+                .into_iter()
+                .collect::<Result<Vec<_>, String>>()
         })
-        .map_err(engine_error)
+        .map_err(KvhoardError::new_err)
+    }
+
+    /// `describe` for many keys, `io_depth` at once (each reads a record header from the volume).
+    #[pyo3(signature = (keys, *, io_depth=8))]
+    fn describe_batch<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+        io_depth: usize,
+    ) -> PyResult<Vec<Option<Bound<'py, PyDict>>>> {
+        let mut slots = vec![(); keys.len()];
+        let metas = py
+            .detach(|| {
+                let meta = |key: &String, _: &mut ()| self.engine.meta(&self.namespace, key).map_err(|e| e.to_string());
+                for_each_key(&keys, &mut slots, io_depth, meta, || Err(PANICKED.to_string()))
+                    .into_iter()
+                    .collect::<Result<Vec<_>, String>>()
+            })
+            .map_err(KvhoardError::new_err)?;
+        metas.into_iter().map(|m| m.map(|m| describe_dict(py, &m)).transpose()).collect()
     }
 
     /// `contains` for many keys, under one lock.

@@ -67,12 +67,14 @@ _SETTINGS: Dict[str, Callable[[Any], Any]] = {
     "ttl": int,
     "dram_tier": int,
     "threads": int,
+    "io_depth": int,
 }
 
 
 def _settings(extra: Optional[dict]) -> Dict[str, Any]:
     extra = extra or {}
-    out: Dict[str, Any] = {"create": True, "namespace": "lmcache", "durability": "written", "threads": 4}
+    out: Dict[str, Any] = {"create": True, "namespace": "lmcache", "durability": "written", "threads": 4,
+                           "io_depth": 8}
     for name, parse in _SETTINGS.items():
         value = extra.get(f"kvhoard.{name}")
         if value is not None:
@@ -80,6 +82,8 @@ def _settings(extra: Optional[dict]) -> Dict[str, Any]:
                 out[name] = parse(value)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"extra_config kvhoard.{name}={value!r} is not valid: {e}") from None
+    if out["threads"] < 1 or out["io_depth"] < 1:
+        raise ValueError("extra_config kvhoard.threads and kvhoard.io_depth must be at least 1")
     if "path" not in out:
         raise ValueError("the kvhoard storage plugin needs extra_config kvhoard.path: the volume to use")
     return out
@@ -114,7 +118,9 @@ class StorageBackend(StoragePluginInterface):
         self.store = Store(s["path"], create=s["create"], capacity=s.get("capacity"),
                            segment_size=s.get("segment_size"), namespace=s["namespace"],
                            durability=s["durability"], ttl=s.get("ttl"), dram_tier=s.get("dram_tier", 0))
-        self._pool = ThreadPoolExecutor(max_workers=max(1, s["threads"]), thread_name_prefix="kvhoard-put")
+        self._pool = ThreadPoolExecutor(max_workers=s["threads"], thread_name_prefix="kvhoard-put")
+        # Keys of one load whose headers, then blocks, are read at once.
+        self._io_depth = s["io_depth"]
         self._lock = threading.Lock()
         self._in_flight: set = set()
         self._pins: Dict[Any, int] = {}
@@ -215,8 +221,7 @@ class StorageBackend(StoragePluginInterface):
 
     # Gets.
 
-    def _allocate(self, key: str) -> Optional[MemoryObj]:
-        d = self.store.describe(key)
+    def _allocate(self, key: str, d: Optional[dict]) -> Optional[MemoryObj]:
         if d is None:
             return None
         dtype, fmt = _TORCH_DTYPES.get(d["dtype"]), _MEMORY_FORMATS.get(d["layout"])
@@ -231,10 +236,17 @@ class StorageBackend(StoragePluginInterface):
 
     def batched_get_blocking(self, keys) -> List[Optional[MemoryObj]]:
         names = [k.to_string() for k in keys]
-        objs = [self._allocate(name) for name in names]
+        try:
+            # Each description is a record header read from the volume: read them together.
+            descs = self.store.describe_batch(names, io_depth=self._io_depth)
+        except KvhoardError as e:
+            logger.error("kvhoard storage plugin: describing %d chunks failed: %s", len(names), e)
+            return [None] * len(keys)
+        objs = [self._allocate(name, d) for name, d in zip(names, descs)]
         want = [(i, o) for i, o in enumerate(objs) if o is not None]
         try:
-            got = self.store.get_batch_into([names[i] for i, _ in want], [o.byte_array for _, o in want])
+            got = self.store.get_batch_into([names[i] for i, _ in want], [o.byte_array for _, o in want],
+                                            io_depth=self._io_depth)
         except KvhoardError as e:
             logger.error("kvhoard storage plugin: loading %d chunks failed: %s", len(want), e)
             got = [None] * len(want)
