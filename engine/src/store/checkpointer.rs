@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 
 use kvhoard_format::checkpoint::Checkpoint;
 
-use crate::error::{Result, StoreError};
+use crate::error::Result;
 use crate::log::Pos;
 
 use super::Inner;
@@ -36,14 +36,7 @@ pub(super) struct Job {
 /// superseding any that has not been started yet.
 pub(super) fn spawn(inner: Weak<Inner>) -> Result<(Sender<Job>, JoinHandle<()>)> {
     let (tx, rx) = channel::<Job>();
-    let handle = std::thread::Builder::new()
-        .name("kvhoard-checkpoint".into())
-        .spawn(move || run(&inner, &rx))
-        .map_err(|source| StoreError::File {
-            action: "cannot start the checkpoint thread for",
-            path: "<volume>".into(),
-            source,
-        })?;
+    let handle = super::spawn_thread("kvhoard-checkpoint", move || run(&inner, &rx))?;
     Ok((tx, handle))
 }
 

@@ -302,7 +302,7 @@ impl Store {
     /// Lets the checkpointer finish what it is writing and waits for it: the checkpoint `close`
     /// writes must be the last thing written to the volume.
     fn stop_checkpointer(&self) {
-        self.inner.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.inner.end_checkpoint_jobs();
         let handle = self.checkpointer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if handle.is_some_and(|h| h.join().is_err()) {
             tracing::error!("checkpoint thread panicked");
@@ -326,7 +326,7 @@ impl Drop for Store {
             // A panicking caller may have left a reservation unwritten; sealing would wait for
             // it forever. The next open recovers from the log. The checkpointer ends after what
             // it is writing (it holds no strong reference to the store).
-            self.inner.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+            self.inner.end_checkpoint_jobs();
             return;
         }
         if let Err(e) = self.close() {
@@ -335,7 +335,21 @@ impl Drop for Store {
     }
 }
 
+/// Starts a named engine thread; failing to start one is an error of the volume being opened.
+fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name.into()).spawn(f).map_err(|source| StoreError::File {
+        action: "cannot start a thread (out of threads or memory?) for",
+        path: "<volume>".into(),
+        source,
+    })
+}
+
 impl Inner {
+    /// Closes the checkpointer's channel: it ends after the checkpoint it is writing, if any.
+    fn end_checkpoint_jobs(&self) {
+        self.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
     fn lock_log(&self) -> MutexGuard<'_, LogState> {
         // The log state is only mutated by code that cannot panic midway (no I/O in those
         // sections unwinds); a poisoned mutex still holds a consistent state.

@@ -61,20 +61,13 @@ const SOURCE_CHANGED: &str = "the source key changed while it was being renamed"
 
 pub(super) fn spawn_writer(inner: Arc<Inner>, depth: usize) -> Result<(SyncSender<WriteJob>, JoinHandle<()>)> {
     let (tx, rx) = sync_channel::<WriteJob>(depth);
-    let handle = std::thread::Builder::new()
-        .name("kvhoard-writer".into())
-        .spawn(move || {
-            for job in rx {
-                // Buffered puts were acknowledged already; a failure poisons the store and is
-                // reported to every later write.
-                let _ = inner.write_record(&job);
-            }
-        })
-        .map_err(|source| StoreError::File {
-            action: "cannot start the writer thread for",
-            path: "<volume>".into(),
-            source,
-        })?;
+    let handle = super::spawn_thread("kvhoard-writer", move || {
+        for job in rx {
+            // Buffered puts were acknowledged already; a failure poisons the store and is
+            // reported to every later write.
+            let _ = inner.write_record(&job);
+        }
+    })?;
     Ok((tx, handle))
 }
 
