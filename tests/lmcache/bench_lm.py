@@ -3,8 +3,10 @@ format (the same bytes as lmcache/v1/protocol.py) over one connection.
 
 Usage: bench_lm.py HOST PORT SIZE_BYTES COUNT ROUNDS LABEL [CLIENTS]
 
-Puts COUNT objects of SIZE_BYTES (KV_2LTD bf16 shapes), then GETs each of them ROUNDS times in
-order, timing every GET from the request to the last payload byte. Prints one JSON line.
+Puts COUNT objects of SIZE_BYTES (KV_2LTD bf16 shapes), checks with EXIST that each is stored
+(as LMCache's RemoteBackend asks before it retrieves; a server that stores a PUT in the
+background answers once that PUT is done), then GETs each of them ROUNDS times in order,
+timing every GET from the request to the last payload byte. Prints one JSON line.
 With CLIENTS > 1, that many processes do this at once, each over its own connection with its
 own keys (as the workers of one tensor-parallel vLLM instance do); the GET phase starts in all
 of them together, and the throughput is all bytes over the time of the slowest.
@@ -20,7 +22,7 @@ import time
 HOST, PORT, SIZE, COUNT, ROUNDS, LABEL = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
     int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 CLIENTS = int(sys.argv[7]) if len(sys.argv) > 7 else 1
-PUT, GET = 1, 2
+PUT, GET, EXIST = 1, 2, 3
 
 
 def header(cmd, length, shape, key):
@@ -57,9 +59,14 @@ def run_client(index, barrier):
     for k, f in zip(keys, fill):
         sock.sendall(header(PUT, SIZE, shape, k))
         sock.sendall(bytes([f]) * SIZE)
+    reply = bytearray(36)
+    for k in keys:
+        sock.sendall(header(EXIST, 0, (0, 0, 0, 0), k))
+        recv_exact(sock, memoryview(reply))
+        if struct.unpack_from("i", reply)[0] != 200:
+            raise SystemExit(f"EXIST {k}: not stored")
     buf = bytearray(SIZE)
     view = memoryview(buf)
-    reply = bytearray(36)
     lat = []
     barrier.wait()
     start = time.perf_counter()

@@ -274,6 +274,58 @@ fn many_clients_at_once_get_their_own_bytes() {
 }
 
 #[test]
+fn lm_puts_are_stored_in_the_order_sent_while_the_next_requests_are_read() {
+    let server = Server::start(options());
+    let mut c = server.lm();
+    // LMCache sends PUT after PUT without waiting (PUT has no reply); the server reads on while
+    // the store writes, but a request naming a key waits for that key's PUTs.
+    let big = WireMeta { fmt: 1, dtype: 3, shape: [2, 8, 256, 1024] }; // 8 MiB
+    let first = chunk_bytes(1, 8 << 20);
+    let second = chunk_bytes(2, 8 << 20);
+    lm_put(&mut c, KEY, &big, &first);
+    lm_put(&mut c, KEY, &big, &second);
+    for i in 0..20u8 {
+        lm_put(&mut c, &format!("m@1@0@{i:x}@bfloat16"), &CHUNK, &chunk_bytes(i, 2 << 20));
+    }
+    assert!(lm_exists(&mut c, "m@1@0@13@bfloat16"), "EXIST right after the PUT sees it");
+    let (_, got) = lm_get(&mut c, KEY).unwrap();
+    assert!(got == second, "the later PUT of a key wins");
+    for i in 0..20u8 {
+        let (_, got) = lm_get(&mut c, &format!("m@1@0@{i:x}@bfloat16")).unwrap();
+        assert!(got == chunk_bytes(i, 2 << 20));
+    }
+    // Every PUT is counted once it is stored (a GET of each key waited for it).
+    let (requests, _, _, errors) = server.running().metrics().counts(Proto::Lm, Op::Put);
+    assert_eq!((requests, errors), (22, 0));
+}
+
+#[test]
+fn lm_large_replies_reach_a_slow_reader_whole_and_the_connection_goes_on() {
+    let server = Server::start(options());
+    let mut c = server.lm();
+    let meta = WireMeta { fmt: 1, dtype: 3, shape: [2, 8, 768, 1024] }; // 24 MiB
+    let payload = chunk_bytes(9, 24 << 20);
+    lm_put(&mut c, KEY, &meta, &payload);
+    assert!(lm_exists(&mut c, KEY));
+    for pause in [Duration::from_millis(300), Duration::ZERO] {
+        // A reader that starts late fills the server's socket buffer: the rest of the reply is
+        // sent with blocking sends, after which the socket must serve the runtime again.
+        lm_send(&mut c, Command::Get, 0, &NO_CHUNK, KEY);
+        std::thread::sleep(pause);
+        let (code, len, got_meta) = wire::parse_reply(&lm_reply(&mut c));
+        assert_eq!((code, len as usize, got_meta), (200, payload.len(), meta));
+        let mut got = vec![0u8; payload.len()];
+        for piece in got.chunks_mut(1 << 20) {
+            c.read_exact(piece).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(got == payload, "the reply arrived whole and unchanged");
+    }
+    lm_send(&mut c, Command::Health, 0, &NO_CHUNK, "");
+    assert_eq!(wire::parse_reply(&lm_reply(&mut c)).0, 200);
+}
+
+#[test]
 fn what_was_stored_survives_a_restart() {
     let server = Server::start(options());
     let mut c = server.lm();

@@ -1,10 +1,12 @@
 //! The `lm://` listener: LMCache's remote-server protocol over one store namespace.
 //!
-//! One request at a time per connection, as LMCache's client sends them. PUT has no reply, so a
-//! refused PUT (too large, undescribable, engine error) is logged and counted and its payload
-//! read and dropped: the connection stays usable and a later GET is a clean miss. A header that
+//! Requests are read one at a time per connection, as LMCache's client sends them. PUT has no
+//! reply, so a refused PUT (too large, undescribable, engine error) is logged and counted and its
+//! payload read and dropped: the connection stays usable and a later GET is a clean miss. A PUT
+//! that is accepted is stored while the next requests are read ([`pending`]). A header that
 //! cannot be parsed closes the connection, since where the next request starts is unknown.
 
+mod pending;
 pub mod wire;
 
 use std::sync::Arc;
@@ -13,20 +15,27 @@ use std::time::Instant;
 use kvhoard_engine::format::record::CompressionMeta;
 use kvhoard_engine::PutOptions;
 
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
-
-use crate::conn::{self, End};
+use crate::conn::{self, Conn, End};
 use crate::metrics::{Op, Outcome, Proto};
 use crate::Shared;
+use pending::Pending;
 use wire::{Code, Command, Request, WireMeta, NO_CHUNK, REQUEST_BYTES};
 
-pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut conn: BufReader<S>, shared: &Arc<Shared>) -> End {
+pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
+    let mut pending = Pending::default();
+    let end = serve_requests(&mut conn, shared, &mut pending).await;
+    // PUTs already read are stored whatever ended the connection.
+    pending.drain().await;
+    end
+}
+
+async fn serve_requests(conn: &mut Conn, shared: &Arc<Shared>, pending: &mut Pending) -> End {
     loop {
-        if let Err(end) = conn::next_request(&mut conn, shared).await {
+        if let Err(end) = conn::next_request(conn, shared).await {
             return end;
         }
         let mut header = [0u8; REQUEST_BYTES];
-        if let Err(end) = conn::read_full(&mut conn, &mut header, shared.opts.request_timeout).await {
+        if let Err(end) = conn::read_full(conn, &mut header, shared.opts.request_timeout).await {
             return end;
         }
         let request = match wire::parse_request(&header) {
@@ -34,16 +43,21 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut conn: BufReader
             Err(e) => return End::Protocol(format!("bad lm:// header: {e}")),
         };
         let started = Instant::now();
+        if let (Command::Get | Command::Exist, Ok(key)) = (request.command, &request.key) {
+            pending.settle(key).await;
+        }
         let (op, outcome) = match request.command {
-            Command::Put => (Op::Put, put(&mut conn, shared, request).await),
-            Command::Get => (Op::Get, get(&mut conn, shared, request).await),
-            Command::Exist => (Op::Exists, exist(&mut conn, shared, request).await),
-            Command::Health => (Op::Other, reply(&mut conn, shared, Code::Success).await.map(|()| Outcome::Hit)),
+            Command::Put => (Op::Put, put(conn, shared, request, started, pending).await),
+            Command::Get => (Op::Get, get(conn, shared, request).await.map(Some)),
+            Command::Exist => (Op::Exists, exist(conn, shared, request).await.map(Some)),
+            Command::Health => (Op::Other, reply(conn, shared, Code::Success).await.map(|()| Some(Outcome::Hit))),
             // LMCache's client never sends LIST and its server does not implement it.
-            Command::List => (Op::Other, reply(&mut conn, shared, Code::Fail).await.map(|()| Outcome::Error)),
+            Command::List => (Op::Other, reply(conn, shared, Code::Fail).await.map(|()| Some(Outcome::Error))),
         };
         match outcome {
-            Ok(outcome) => shared.metrics.request(Proto::Lm, op, outcome, started.elapsed()),
+            // A PUT being stored counts itself when it is done.
+            Ok(None) => {}
+            Ok(Some(outcome)) => shared.metrics.request(Proto::Lm, op, outcome, started.elapsed()),
             Err(end) => {
                 shared.metrics.request(Proto::Lm, op, Outcome::Error, started.elapsed());
                 return end;
@@ -52,77 +66,81 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut conn: BufReader
     }
 }
 
-async fn reply<S: AsyncRead + AsyncWrite + Unpin>(
-    conn: &mut BufReader<S>,
-    shared: &Shared,
-    code: Code,
-) -> Result<(), End> {
+async fn reply(conn: &mut Conn, shared: &Shared, code: Code) -> Result<(), End> {
     let header = wire::encode_reply(code, 0, &NO_CHUNK);
     conn::write_all(conn, &[&header], shared.opts.request_timeout).await
 }
 
-async fn put<S: AsyncRead + AsyncWrite + Unpin>(
-    conn: &mut BufReader<S>,
+/// Reads a PUT's payload and starts storing it (`None`), or refuses it (`Some(Outcome::Error)`).
+async fn put(
+    conn: &mut Conn,
     shared: &Arc<Shared>,
     request: Request,
-) -> Result<Outcome, End> {
+    started: Instant,
+    pending: &mut Pending,
+) -> Result<Option<Outcome>, End> {
     let timeout = shared.opts.request_timeout;
     let length = u64::from(request.length);
-    let refuse = |why: String| {
-        tracing::warn!(key = ?request.key, "lm:// PUT refused, payload dropped: {why}");
-        Outcome::Error
-    };
     if length > shared.opts.max_object_bytes {
         conn::discard(conn, length, timeout).await?;
-        return Ok(refuse(format!(
-            "{length} bytes is more than the largest object allowed ({} bytes, --max-object-size)",
-            shared.opts.max_object_bytes
+        return Ok(Some(refused(
+            &request.key,
+            format!(
+                "{length} bytes is more than the largest object allowed ({} bytes, --max-object-size)",
+                shared.opts.max_object_bytes
+            ),
         )));
     }
     let key = match &request.key {
         Ok(k) => k.clone(),
         Err(e) => {
             conn::discard(conn, length, timeout).await?;
-            return Ok(refuse(e.to_string()));
+            return Ok(Some(refused(&request.key, e.to_string())));
         }
     };
     let desc = match wire::desc_from_wire(&request.meta, length) {
         Ok(d) => d,
         Err(e) => {
             conn::discard(conn, length, timeout).await?;
-            return Ok(refuse(e.to_string()));
+            return Ok(Some(refused(&request.key, e.to_string())));
         }
     };
     let room = shared.budget.take(length).await;
     let mut buf = shared.pool.get(request.length as usize);
     conn::read_full(conn, &mut buf, timeout).await?;
     shared.metrics.received(Proto::Lm, length);
-    let store = Arc::clone(&shared.store);
-    let namespace = shared.opts.lm_namespace.clone();
-    let opts = PutOptions {
-        desc: Some(desc),
-        durability: shared.opts.durability,
-        ttl_secs: shared.opts.ttl_secs,
-        ..Default::default()
+    // Two PUTs of one key are stored in the order they came.
+    pending.settle(&key).await;
+    let task = {
+        let shared = Arc::clone(shared);
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || {
+            let opts = PutOptions {
+                desc: Some(desc),
+                durability: shared.opts.durability,
+                ttl_secs: shared.opts.ttl_secs,
+                ..Default::default()
+            };
+            let stored = shared.store.put(&shared.opts.lm_namespace, &key, &buf, &opts);
+            drop((buf, room));
+            let outcome = match stored {
+                Ok(_) => Outcome::Hit,
+                Err(e) => refused(&Ok(key), format!("the store refused it: {e}")),
+            };
+            shared.metrics.request(Proto::Lm, Op::Put, outcome, started.elapsed());
+        })
     };
-    let stored = tokio::task::spawn_blocking(move || {
-        let r = store.put(&namespace, &key, &buf, &opts);
-        drop((buf, room));
-        r
-    })
-    .await;
-    Ok(match stored {
-        Ok(Ok(_)) => Outcome::Hit,
-        Ok(Err(e)) => refuse(format!("the store refused it: {e}")),
-        Err(e) => refuse(format!("the store call failed: {e}")),
-    })
+    pending.push(key, task).await;
+    Ok(None)
 }
 
-async fn get<S: AsyncRead + AsyncWrite + Unpin>(
-    conn: &mut BufReader<S>,
-    shared: &Arc<Shared>,
-    request: Request,
-) -> Result<Outcome, End> {
+/// Logs a refused PUT; its payload was (or is being) dropped.
+fn refused(key: &Result<String, wire::KeyError>, why: String) -> Outcome {
+    tracing::warn!(key = ?key, "lm:// PUT refused, payload dropped: {why}");
+    Outcome::Error
+}
+
+async fn get(conn: &mut Conn, shared: &Shared, request: Request) -> Result<Outcome, End> {
     let timeout = shared.opts.request_timeout;
     let key = match request.key {
         Ok(k) => k,
@@ -159,11 +177,7 @@ async fn get<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(Outcome::Hit)
 }
 
-async fn exist<S: AsyncRead + AsyncWrite + Unpin>(
-    conn: &mut BufReader<S>,
-    shared: &Shared,
-    request: Request,
-) -> Result<Outcome, End> {
+async fn exist(conn: &mut Conn, shared: &Shared, request: Request) -> Result<Outcome, End> {
     let found = match &request.key {
         // An index probe in memory: no disk I/O, so it runs right here.
         Ok(key) => shared.store.contains(&shared.opts.lm_namespace, key).unwrap_or(false),

@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvhoard_engine::PutOptions;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 
-use crate::conn::{self, End};
+use crate::conn::{self, Conn, End};
 use crate::metrics::{Op, Outcome, Proto};
 use crate::Shared;
 use frame::{Arg, Limits, Read, Refused};
@@ -65,7 +64,7 @@ impl Session {
     }
 }
 
-pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut conn: BufReader<S>, shared: &Arc<Shared>) -> End {
+pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
     let mut session = Session {
         proto: 2,
         authenticated: shared.opts.resp_password.is_none(),
@@ -113,7 +112,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut conn: BufReader
     }
 }
 
-async fn send<S: AsyncWrite + Unpin>(conn: &mut S, reply: Reply, timeout: std::time::Duration) -> Result<(), End> {
+async fn send(conn: &mut Conn, reply: Reply, timeout: std::time::Duration) -> Result<(), End> {
     match reply {
         Reply::Raw(bytes) => conn::write_all(conn, &[&bytes], timeout).await,
         Reply::Bulk(block) => {
