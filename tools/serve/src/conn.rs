@@ -136,8 +136,15 @@ pub(crate) async fn discard<R: AsyncRead + Unpin>(r: &mut R, mut len: u64, timeo
 
 /// Writes all of `parts` with vectored writes (header and payload in one call when the socket
 /// takes them); every write must make progress within `timeout`. When the socket's buffer fills
-/// with at least [`BLOCKING_SEND_MIN`] bytes still to send, the rest is sent by [`send_blocking`].
-pub(crate) async fn write_all(conn: &mut Conn, parts: &[&[u8]], timeout: Duration) -> Result<(), End> {
+/// with at least [`BLOCKING_SEND_MIN`] bytes still to send, the rest is sent by [`send_blocking`]
+/// if `blocking` has a permit left: it bounds the threads that clients which stop reading can
+/// hold for up to `timeout` each; without a permit the event loop sends the rest.
+pub(crate) async fn write_all(
+    conn: &mut Conn,
+    parts: &[&[u8]],
+    timeout: Duration,
+    blocking: &Semaphore,
+) -> Result<(), End> {
     let mut slices: Vec<IoSlice<'_>> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
     let mut rest = slices.as_mut_slice();
     while !rest.is_empty() {
@@ -149,8 +156,10 @@ pub(crate) async fn write_all(conn: &mut Conn, parts: &[&[u8]], timeout: Duratio
         }
         let left: usize = rest.iter().map(|s| s.len()).sum();
         if left >= BLOCKING_SEND_MIN && can_block() {
-            let stream = conn.get_ref();
-            return tokio::task::block_in_place(|| send_blocking(stream, rest, timeout));
+            if let Ok(_thread) = blocking.try_acquire() {
+                let stream = conn.get_ref();
+                return tokio::task::block_in_place(|| send_blocking(stream, rest, timeout));
+            }
         }
     }
     Ok(())
@@ -206,7 +215,7 @@ mod tests {
         // More than loopback's socket buffers can hold, so the blocking sends must wait.
         let reply = vec![7u8; 128 << 20];
         let started = std::time::Instant::now();
-        let sent = write_all(&mut conn, &[b"header", &reply], Duration::from_millis(200)).await;
+        let sent = write_all(&mut conn, &[b"header", &reply], Duration::from_millis(200), &Semaphore::new(1)).await;
         assert!(matches!(&sent, Err(End::Lost(why)) if why.contains("read nothing")), "{sent:?}");
         assert!(started.elapsed() < Duration::from_secs(20), "the send timeout applied");
         assert!(SockRef::from(conn.get_ref()).nonblocking().unwrap(), "the runtime's socket is non-blocking again");
@@ -224,12 +233,29 @@ mod tests {
             client.read_to_end(&mut got).unwrap();
             got
         });
-        write_all(&mut conn, &[b"head", &payload, b"tail"], Duration::from_secs(10)).await.unwrap();
+        write_all(&mut conn, &[b"head", &payload, b"tail"], Duration::from_secs(10), &Semaphore::new(1)).await.unwrap();
         assert!(SockRef::from(conn.get_ref()).nonblocking().unwrap());
         drop(conn);
         let got = reader.join().unwrap();
         assert_eq!(got.len(), payload.len() + 8);
         assert!(got.starts_with(b"head") && got.ends_with(b"tail"));
         assert!(got.get(4..4 + payload.len()) == Some(&payload[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_a_blocking_permit_the_event_loop_sends_the_reply() {
+        let (mut conn, mut client) = pair().await;
+        let payload = vec![5u8; 32 << 20];
+        let reader = std::thread::spawn(move || {
+            use std::io::Read;
+            std::thread::sleep(Duration::from_millis(200));
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).unwrap();
+            got
+        });
+        let none = Semaphore::new(0);
+        write_all(&mut conn, &[&payload], Duration::from_secs(10), &none).await.unwrap();
+        drop(conn);
+        assert!(reader.join().unwrap() == payload);
     }
 }

@@ -125,6 +125,9 @@ pub(crate) struct Shared {
     /// Payload buffers, recycled.
     pub pool: Arc<BufferPool>,
     pub shutdown: watch::Receiver<bool>,
+    /// Connections that may finish a large reply with blocking sends at once (each holds a
+    /// blocking-pool thread meanwhile): half the pool, so engine calls always find threads.
+    pub blocking_sends: Semaphore,
 }
 
 impl Shared {
@@ -225,6 +228,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
         pool: BufferPool::new(64, pool_bytes),
         metrics: Arc::clone(&metrics),
         shutdown,
+        blocking_sends: Semaphore::new((opts.blocking_threads / 2).max(1)),
         opts,
     });
     let connections = Arc::new(Semaphore::new(max_connections as usize));

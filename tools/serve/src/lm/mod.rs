@@ -68,7 +68,7 @@ async fn serve_requests(conn: &mut Conn, shared: &Arc<Shared>, pending: &mut Pen
 
 async fn reply(conn: &mut Conn, shared: &Shared, code: Code) -> Result<(), End> {
     let header = wire::encode_reply(code, 0, &NO_CHUNK);
-    conn::write_all(conn, &[&header], shared.opts.request_timeout).await
+    conn::write_all(conn, &[&header], shared.opts.request_timeout, &shared.blocking_sends).await
 }
 
 /// Reads a PUT's payload and starts storing it (`None`), or refuses it (`Some(Outcome::Error)`).
@@ -172,7 +172,7 @@ async fn get(conn: &mut Conn, shared: &Shared, request: Request) -> Result<Outco
     };
     let length = u32::try_from(block.len()).unwrap_or(u32::MAX);
     let header = wire::encode_reply(Code::Success, length, &meta);
-    conn::write_all(conn, &[&header, &block], timeout).await?;
+    conn::write_all(conn, &[&header, &block], timeout, &shared.blocking_sends).await?;
     shared.metrics.sent(Proto::Lm, block.len() as u64);
     Ok(Outcome::Hit)
 }

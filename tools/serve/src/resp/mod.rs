@@ -86,13 +86,13 @@ pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
                 shared.metrics.request(Proto::Resp, Op::Put, Outcome::Error, started.elapsed());
                 let reply =
                     error(&format!("ERR object of {len} bytes is larger than the server's maximum ({max} bytes)"));
-                if let Err(end) = send(&mut conn, reply, timeout).await {
+                if let Err(end) = send(&mut conn, reply, shared).await {
                     return end;
                 }
                 continue;
             }
             Err(End::Protocol(why)) => {
-                let _ = send(&mut conn, error(&format!("ERR Protocol error: {why}")), timeout).await;
+                let _ = send(&mut conn, error(&format!("ERR Protocol error: {why}")), shared).await;
                 return End::Protocol(why);
             }
             Err(end) => return end,
@@ -103,7 +103,7 @@ pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
         if let Reply::Bulk(b) = &reply {
             shared.metrics.sent(Proto::Resp, b.len() as u64);
         }
-        if let Err(end) = send(&mut conn, reply, timeout).await {
+        if let Err(end) = send(&mut conn, reply, shared).await {
             return end;
         }
         if name == "QUIT" {
@@ -112,12 +112,13 @@ pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
     }
 }
 
-async fn send(conn: &mut Conn, reply: Reply, timeout: std::time::Duration) -> Result<(), End> {
+async fn send(conn: &mut Conn, reply: Reply, shared: &Shared) -> Result<(), End> {
+    let (timeout, blocking) = (shared.opts.request_timeout, &shared.blocking_sends);
     match reply {
-        Reply::Raw(bytes) => conn::write_all(conn, &[&bytes], timeout).await,
+        Reply::Raw(bytes) => conn::write_all(conn, &[&bytes], timeout, blocking).await,
         Reply::Bulk(block) => {
             let header = format!("${}\r\n", block.len());
-            conn::write_all(conn, &[header.as_bytes(), &block, b"\r\n"], timeout).await
+            conn::write_all(conn, &[header.as_bytes(), &block, b"\r\n"], timeout, blocking).await
         }
     }
 }
