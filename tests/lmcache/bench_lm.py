@@ -10,10 +10,15 @@ timing every GET from the request to the last payload byte. Prints one JSON line
 With CLIENTS > 1, that many processes do this at once, each over its own connection with its
 own keys (as the workers of one tensor-parallel vLLM instance do); the GET phase starts in all
 of them together, and the throughput is all bytes over the time of the slowest.
+
+With SERVER_PID set in the environment, also reports the CPU time that process spent during the
+GET phase (user + system, all its threads, from /proc): `server_cpu_s` and `server_cpu_s_per_gb`.
+When the client is what limits throughput, this is where servers differ.
 """
 
 import json
 import multiprocessing
+import os
 import socket
 import struct
 import sys
@@ -85,15 +90,33 @@ def run_client(index, barrier):
     return lat, time.perf_counter() - start
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of every thread of `pid` so far (None without a pid)."""
+    if not pid:
+        return None
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces; the fields after it are fixed.
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main():
     tokens = SIZE // (2 * 2 * 8 * 1024)
     assert 2 * 8 * tokens * 1024 * 2 == SIZE, "size must be a multiple of 32 KiB"
     ctx = multiprocessing.get_context("fork")
-    barrier, out = ctx.Barrier(CLIENTS), ctx.Queue()
+    # The parent is one more party: it reads the server's CPU time as the GET phase starts.
+    barrier, out = ctx.Barrier(CLIENTS + 1), ctx.Queue()
     procs = [ctx.Process(target=client, args=(i, barrier, out)) for i in range(CLIENTS)]
     for p in procs:
         p.start()
+    server = os.environ.get("SERVER_PID")
+    try:
+        barrier.wait()
+    except Exception:  # noqa: BLE001 - a client failed before the GET phase; reported below
+        pass
+    cpu0 = cpu_seconds(server)
     results = [out.get() for _ in procs]
+    cpu1 = cpu_seconds(server)
     for p in procs:
         p.join()
     failed = [why for lat, why in results if lat is None]
@@ -102,9 +125,13 @@ def main():
     lat = sorted(x for r, _ in results for x in r)
     total = max(t for _, t in results)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6
-    print(json.dumps({"server": LABEL, "object_bytes": SIZE, "clients": CLIENTS, "gets": len(lat),
-                      "get_mbps": round(SIZE * len(lat) / total / 1e6, 1),
-                      "get_p50_us": round(pct(0.50)), "get_p99_us": round(pct(0.99))}))
+    report = {"server": LABEL, "object_bytes": SIZE, "clients": CLIENTS, "gets": len(lat),
+              "get_mbps": round(SIZE * len(lat) / total / 1e6, 1),
+              "get_p50_us": round(pct(0.50)), "get_p99_us": round(pct(0.99))}
+    if cpu0 is not None:
+        report["server_cpu_s"] = round(cpu1 - cpu0, 3)
+        report["server_cpu_s_per_gb"] = round((cpu1 - cpu0) / (SIZE * len(lat) / 1e9), 4)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
