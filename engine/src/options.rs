@@ -124,6 +124,9 @@ pub struct StoreOptions {
     pub dram_tier_bytes: u64,
     /// Admission and eviction policy of the DRAM tier (LRU by default).
     pub dram_policy: crate::tier::PolicyFactory,
+    /// Seconds a pin ([`crate::Store::pin`]) holds after it was last taken, so that a client
+    /// that dies holding pins cannot keep segments from reclaim forever.
+    pub pin_ttl_secs: u32,
 }
 
 impl Default for StoreOptions {
@@ -139,6 +142,7 @@ impl Default for StoreOptions {
             reclaim_policy: std::sync::Arc::new(crate::reclaim::OldestFirst),
             dram_tier_bytes: 0,
             dram_policy: crate::tier::PolicyFactory::lru(),
+            pin_ttl_secs: 600,
         }
     }
 }

@@ -35,6 +35,24 @@ def test_store_put_get_contains_delete(tmp_path):
         assert not store.contains("org/model@1@0@-3f2a@bfloat16")
 
 
+def test_a_pinned_chunk_outlives_reclaim(tmp_path):
+    path = str(tmp_path / "vol")
+    # 8 segments of 1 MiB: 3 chunks of 256 KiB each (records have a header unit).
+    with kvhoard.Store(path, create=True, capacity=8 << 20, segment_size=1 << 20) as store:
+        store.put("pinned", chunk(0))
+        assert store.pin("pinned")
+        assert not store.pin("missing")
+        # Four times the volume: every segment but the pinned one is reclaimed over and over.
+        for i in range(1, 100):
+            store.put(f"k{i}", chunk(i))
+        assert not store.contains("k5"), "the segment after the pinned one was reclaimed"
+        assert store.get("pinned") == chunk(0)
+        assert store.unpin("pinned") and not store.unpin("pinned")
+        for i in range(100, 200):
+            store.put(f"k{i}", chunk(i))
+        assert not store.contains("pinned"), "once unpinned, it is reclaimed like the rest"
+
+
 def test_batches_and_reopen(tmp_path):
     path = str(tmp_path / "vol")
     keys = [f"k{i}" for i in range(8)]

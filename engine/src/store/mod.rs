@@ -5,6 +5,7 @@
 //! but not yet written, so that gets see them). Device I/O for records runs outside all locks.
 
 mod checkpointer;
+mod pins;
 mod prometheus;
 mod read;
 mod stats;
@@ -74,6 +75,8 @@ struct Inner {
     checkpoint_jobs: Mutex<Option<Sender<checkpointer::Job>>>,
     sync: GroupCommit,
     metrics: Metrics,
+    /// Keys kept out of reclaim's way while they are read.
+    pins: pins::Pins,
     /// Copies of blocks in memory above the log, if configured.
     dram: Option<DramTier<Arc<CachedBlock>>>,
     /// Load latency of DRAM-tier hits and of reads from the log.
@@ -242,6 +245,7 @@ impl Store {
             checkpoint_jobs: Mutex::new(None),
             sync: GroupCommit::default(),
             metrics: Metrics::default(),
+            pins: pins::Pins::default(),
             dram,
             dram_latency: LatencyHistogram::default(),
             ssd: TierCounters::default(),
@@ -515,11 +519,29 @@ impl Inner {
         let oldest = OldestFirst
             .choose_victim(&sealed)
             .ok_or_else(|| StoreError::invalid("volume", "no sealed segment to reclaim"))?;
+        // Segments holding pinned keys are passed over while any other is left.
+        let pinned = {
+            let keys = self.pins.live(self.clock.now_unix_ms());
+            if keys.is_empty() {
+                Default::default()
+            } else {
+                pins::segments_of(&self.index_read(), &keys)
+            }
+        };
+        let unpinned: Vec<SegmentView> = sealed.iter().filter(|s| !pinned.contains(&s.index)).copied().collect();
+        let candidates = if unpinned.is_empty() {
+            self.metrics.pins_overridden.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("every sealed segment holds a pinned key: reclaiming the oldest anyway");
+            &sealed
+        } else {
+            &unpinned
+        };
         let victim = self
             .opts
             .reclaim_policy
-            .choose_victim(&sealed)
-            .filter(|v| sealed.iter().any(|s| s.index == *v))
+            .choose_victim(candidates)
+            .filter(|v| candidates.iter().any(|s| s.index == *v))
+            .or_else(|| OldestFirst.choose_victim(candidates))
             .unwrap_or(oldest);
         // Its summary, if still waiting, would describe bytes that are about to be reused.
         log.unsummarized.retain(|s| s.index != victim);

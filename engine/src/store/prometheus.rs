@@ -26,6 +26,7 @@ impl Stats {
             ("unique_bytes", "Raw bytes of the distinct blocks.", self.unique_bytes),
             ("index_memory_bytes", "Memory of the in-memory index.", self.index_memory_bytes),
             ("segments_free", "Segments free for writing.", u64::from(self.segments_free)),
+            ("pinned_keys", "Keys pinned against reclaim.", self.pinned_keys),
             (
                 "writes_refused",
                 "1 if writes are refused after a failed write or sync.",
@@ -48,6 +49,11 @@ impl Stats {
             ("evicted_keys_total", "Keys dropped by segment reclaim.", self.evicted_keys),
             ("evicted_bytes_total", "Bytes dropped by segment reclaim.", self.evicted_bytes),
             ("segments_reclaimed_total", "Segments reclaimed.", self.segments_reclaimed),
+            (
+                "pins_overridden_total",
+                "Segments reclaimed although they held a pinned key (every sealed segment did).",
+                self.pins_overridden,
+            ),
             ("checkpoints_total", "Checkpoints written.", self.checkpoints),
             ("checkpoint_errors_total", "Checkpoints that could not be written.", self.checkpoint_errors),
             ("syncs_total", "fdatasync calls.", self.syncs),

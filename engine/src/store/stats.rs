@@ -29,6 +29,7 @@ pub(super) struct Metrics {
     pub evicted_blocks: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub segments_reclaimed: AtomicU64,
+    pub pins_overridden: AtomicU64,
     pub checkpoints: AtomicU64,
     pub checkpoint_errors: AtomicU64,
     pub syncs: AtomicU64,
@@ -124,6 +125,10 @@ pub struct Stats {
     pub evicted_blocks: u64,
     pub evicted_bytes: u64,
     pub segments_reclaimed: u64,
+    /// Keys pinned now ([`Store::pin`]).
+    pub pinned_keys: u64,
+    /// Segments reclaimed although they held a pinned key, because every sealed segment did.
+    pub pins_overridden: u64,
     pub checkpoints: u64,
     /// Checkpoints that could not be written (the next open replays more of the log).
     pub checkpoint_errors: u64,
@@ -209,6 +214,8 @@ impl Store {
             evicted_blocks: get(&m.evicted_blocks),
             evicted_bytes: get(&m.evicted_bytes),
             segments_reclaimed: get(&m.segments_reclaimed),
+            pinned_keys: inner.pins.count(inner.clock.now_unix_ms()),
+            pins_overridden: get(&m.pins_overridden),
             checkpoints: get(&m.checkpoints),
             checkpoint_errors: get(&m.checkpoint_errors),
             syncs: get(&m.syncs),

@@ -134,6 +134,18 @@ impl Store {
         self.engine.contains(&self.namespace, key).map_err(engine_error)
     }
 
+    /// Pins `key`: while pinned (until `unpin`, or ten minutes after the last pin), a full volume
+    /// reclaims other segments before the ones holding it, as long as any other is left.
+    /// Returns False, pinning nothing, if the key is not stored. Each pin needs its own unpin.
+    fn pin(&self, key: &str) -> PyResult<bool> {
+        self.engine.pin(&self.namespace, key).map_err(engine_error)
+    }
+
+    /// Releases one pin on `key`; returns whether it held one.
+    fn unpin(&self, key: &str) -> PyResult<bool> {
+        self.engine.unpin(&self.namespace, key).map_err(engine_error)
+    }
+
     /// Deletes `key`; returns whether it was there.
     fn delete(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
         py.detach(|| self.engine.delete(&self.namespace, key, self.put.durability)).map_err(engine_error)

@@ -50,6 +50,7 @@ pub fn to_json(s: &Stats) -> serde_json::Value {
         "counters": {
             "evicted_keys": s.evicted_keys, "evicted_blocks": s.evicted_blocks, "evicted_bytes": s.evicted_bytes,
             "segments_reclaimed": s.segments_reclaimed, "read_errors": s.read_errors,
+            "pinned_keys": s.pinned_keys, "pins_overridden": s.pins_overridden,
             "direct_reads": s.direct_reads, "checkpoints": s.checkpoints,
             "checkpoint_errors": s.checkpoint_errors, "syncs": s.syncs,
         },

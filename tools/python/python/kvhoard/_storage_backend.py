@@ -278,9 +278,10 @@ class StorageBackend(StoragePluginInterface):
     # Pins, removal, lifecycle.
 
     def pin(self, key) -> bool:
-        """Counts a pin. The engine's capacity eviction does not see pins yet: a pinned chunk
-        evicted before it is loaded is a miss, which LMCache recomputes."""
-        if not self.store.contains(key.to_string()):
+        """Pins a chunk LMCache is about to load: the engine reclaims other log segments before
+        the ones holding it while any other is left (a pin lapses ten minutes after it was
+        taken, in case nobody unpins). Counted here too, for remove(force=False)."""
+        if not self.store.pin(key.to_string()):
             return False
         with self._lock:
             self._pins[key] = self._pins.get(key, 0) + 1
@@ -295,6 +296,7 @@ class StorageBackend(StoragePluginInterface):
                 del self._pins[key]
             else:
                 self._pins[key] = count - 1
+        self.store.unpin(key.to_string())
         return True
 
     def remove(self, key, force: bool = True) -> bool:
