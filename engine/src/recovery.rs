@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kvhoard_format::checkpoint::Checkpoint;
+use kvhoard_format::checkpoint::{Checkpoint, SegmentState};
 use kvhoard_format::record::RecordKind;
 use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::superblock::Superblock;
@@ -52,6 +52,9 @@ pub struct Recovered {
     pub next_seq: u64,
     /// The seq the next checkpoint gets.
     pub next_checkpoint_seq: u64,
+    /// The segment table of the checkpoint used (empty without one): the newest valid checkpoint
+    /// on disk, which a crash before the next one is written would recover from again.
+    pub checkpoint_covers: Vec<SegmentState>,
     /// What happened.
     pub report: RecoveryReport,
 }
@@ -170,10 +173,17 @@ pub fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointS
         dev.sync()?;
     }
     let resumable = if open.is_none() { resumable(dev, sb, &segments)? } else { None };
-    let next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1);
+    // A segment use whose header never became durable leaves no trace here, yet some of its
+    // records may have: were that segment's next use given the same seq, a scan would take
+    // them for its own and bring back writes this recovery has already dropped. Every use begun
+    // since the last sync is such a candidate, and there are at most `segment_count` of them
+    // (each takes a segment that was free at that sync: reclaiming another one syncs), so the
+    // seqs after the highest one known are skipped.
+    let next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1) + u64::from(sb.segment_count) + 1;
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     let next_checkpoint_seq = cp.as_ref().map_or(1, |c: &Checkpoint| c.checkpoint_seq + 1);
-    Ok(Recovered { index, segments, open, resumable, next_seq, next_checkpoint_seq, report })
+    let checkpoint_covers = cp.map(|c| c.segments).unwrap_or_default();
+    Ok(Recovered { index, segments, open, resumable, next_seq, next_checkpoint_seq, checkpoint_covers, report })
 }
 
 /// Where the records of a sealed segment end, per its trailer; `None` if it is not sealed.

@@ -71,6 +71,9 @@ struct Inner {
     pool: Arc<BufferPool>,
     /// Seq of the newest checkpoint written; serializes checkpoint writes.
     checkpoint_saved: Mutex<u64>,
+    /// The segment table of the newest checkpoint on disk (what recovery would not replay). A
+    /// leaf lock.
+    checkpoint_covers: Mutex<Vec<SegmentState>>,
     /// Snapshots for the background checkpointer; `None` once it is stopped.
     checkpoint_jobs: Mutex<Option<Sender<checkpointer::Job>>>,
     sync: GroupCommit,
@@ -242,6 +245,7 @@ impl Store {
             pending: Mutex::new(HashMap::new()),
             pool,
             checkpoint_saved: Mutex::new(0),
+            checkpoint_covers: Mutex::new(recovered.checkpoint_covers),
             checkpoint_jobs: Mutex::new(None),
             sync: GroupCommit::default(),
             metrics: Metrics::default(),
@@ -258,8 +262,10 @@ impl Store {
         let (jobs, checkpointer) = checkpointer::spawn(Arc::downgrade(&inner))?;
         *inner.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs);
         let store = Store { inner, writer: Mutex::new(Some(writer)), checkpointer: Mutex::new(Some(checkpointer)) };
-        if store.inner.recovery.records_replayed > 0 || store.inner.recovery.stale_segments_freed > 0 {
-            // Save the replay's work for the next open.
+        // Saves the replay's work for the next open, and makes the seq this run starts from
+        // durable before any segment use takes it: a crash that loses this run's uses without a
+        // trace then still recovers above them (see `next_seq` in recovery).
+        {
             let mut log = store.inner.lock_log();
             store.inner.checkpoint(&mut log)?;
         }
@@ -552,7 +558,7 @@ impl Inner {
         if let Some(s) = log.segments.get_mut(victim as usize) {
             *s = SegInfo::FREE;
         }
-        if victim != oldest {
+        if victim != oldest && !self.covered_through(&sealed, victim) {
             self.checkpoint(log)?;
         }
         let zero = AlignedBuf::zeroed(UNIT_BYTES as usize);
@@ -564,6 +570,19 @@ impl Inner {
         self.metrics.add_eviction(dropped);
         tracing::debug!(segment = victim, keys = dropped.keys, blocks = dropped.blocks, "segment reclaimed");
         Ok(victim)
+    }
+
+    /// Whether the newest checkpoint written covers `victim` and every sealed segment older than
+    /// it, each at its current use and end. Then reclaiming `victim` needs no new checkpoint even
+    /// though it is not the oldest: recovery loads that checkpoint, drops what it says was in
+    /// `victim` (its use is gone), and replays nothing older, so no older version of a key whose
+    /// newest version was in `victim` can come back.
+    fn covered_through(&self, sealed: &[SegmentView], victim: u32) -> bool {
+        let Some(limit) = sealed.iter().find(|s| s.index == victim).map(|s| s.seq) else { return false };
+        let covers = self.checkpoint_covers.lock().unwrap_or_else(|e| e.into_inner());
+        sealed.iter().filter(|s| s.seq <= limit).all(|s| {
+            covers.get(s.index as usize).is_some_and(|c| c.sealed && c.seq == s.seq && c.end_unit == s.end_unit)
+        })
     }
 
     /// Syncs the device and writes a checkpoint of the index. Called with no record in flight.
@@ -616,6 +635,7 @@ impl Inner {
         }
         if self.checkpoints.save(self.dev.as_ref(), cp)? {
             *last = cp.checkpoint_seq;
+            *self.checkpoint_covers.lock().unwrap_or_else(|e| e.into_inner()) = cp.segments.clone();
             self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
