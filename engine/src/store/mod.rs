@@ -106,6 +106,8 @@ struct LogState {
     /// recovery finds a segment's records by scanning it.
     unsummarized: Vec<OpenSeg>,
     next_seq: u64,
+    /// Whether a segment use of this run has a durable header yet (see `open_segment`).
+    seq_durable: bool,
     next_checkpoint_seq: u64,
     seals_since_checkpoint: u32,
     poisoned: Option<String>,
@@ -235,6 +237,7 @@ impl Store {
                 resumable: recovered.resumable,
                 unsummarized: Vec::new(),
                 next_seq: recovered.next_seq,
+                seq_durable: false,
                 next_checkpoint_seq: recovered.next_checkpoint_seq,
                 seals_since_checkpoint: 0,
                 poisoned: None,
@@ -262,10 +265,8 @@ impl Store {
         let (jobs, checkpointer) = checkpointer::spawn(Arc::downgrade(&inner))?;
         *inner.checkpoint_jobs.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs);
         let store = Store { inner, writer: Mutex::new(Some(writer)), checkpointer: Mutex::new(Some(checkpointer)) };
-        // Saves the replay's work for the next open, and makes the seq this run starts from
-        // durable before any segment use takes it: a crash that loses this run's uses without a
-        // trace then still recovers above them (see `next_seq` in recovery).
-        {
+        if store.inner.recovery.records_replayed > 0 || store.inner.recovery.stale_segments_freed > 0 {
+            // Save the replay's work for the next open.
             let mut log = store.inner.lock_log();
             store.inner.checkpoint(&mut log)?;
         }
@@ -470,10 +471,21 @@ impl Inner {
         let header = SegmentHeader { volume_id: self.sb.volume_id, segment_index: index, seq, created_unix_ms: now };
         let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
         unit.copy_from_slice(&header.encode());
-        if let Err(e) = self.dev.write_at(&unit, self.sb.segment_offset(index)) {
+        // The first use of a run is synced before any record goes into it. Recovery skips a gap of
+        // seqs past the highest it finds, for uses a crash lost without a trace; that is only
+        // enough if the run's first seq is on disk (docs/format.md, "Opening a volume").
+        let written = self.dev.write_at(&unit, self.sb.segment_offset(index)).and_then(|()| {
+            if log.seq_durable {
+                return Ok(());
+            }
+            self.metrics.syncs.fetch_add(1, Ordering::Relaxed);
+            self.dev.sync()
+        });
+        if let Err(e) = written {
             self.poison(log, e.to_string());
             return Err(e.into());
         }
+        log.seq_durable = true;
         log.next_seq += 1;
         if let Some(s) = log.segments.get_mut(index as usize) {
             *s = SegInfo { state: SegState::Open, seq, created_unix_ms: now };
