@@ -1,6 +1,6 @@
 //! What callers choose: durability per write, put and read options, volume geometry, store tuning.
 
-use kvhoard_format::record::{BlockDesc, CompressionMeta};
+use kvhoard_format::{BlockDesc, CompressionMeta};
 
 /// When a write is acknowledged. Each level includes the ones before it.
 ///

@@ -1,28 +1,34 @@
 //! Bounds-checked little-endian reading and writing, so that no decoder indexes a slice directly.
+//! Public so that every crate decoding bytes from disk (the codec parameters in
+//! `kvhoard-kernels` among them) uses the same checked reads.
 
 use crate::FormatError;
 
 /// Reads little-endian fields from a slice; every read is checked against the slice's length.
-pub(crate) struct Reader<'a> {
+pub struct Reader<'a> {
     what: &'static str,
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(what: &'static str, buf: &'a [u8]) -> Self {
+    /// A reader of `buf`; errors name the structure `what`.
+    pub fn new(what: &'static str, buf: &'a [u8]) -> Self {
         Reader { what, buf, pos: 0 }
     }
 
-    pub(crate) fn position(&self) -> usize {
+    /// Bytes read so far.
+    pub fn position(&self) -> usize {
         self.pos
     }
 
-    pub(crate) fn remaining(&self) -> usize {
+    /// Bytes left.
+    pub fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
 
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
         let end = self.pos.checked_add(n).filter(|&end| end <= self.buf.len());
         match end.and_then(|end| self.buf.get(self.pos..end).map(|s| (s, end))) {
             Some((slice, end)) => {
@@ -37,54 +43,67 @@ impl<'a> Reader<'a> {
         }
     }
 
-    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {
+    /// The next `N` bytes as an array.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
 
-    pub(crate) fn u8(&mut self) -> Result<u8, FormatError> {
+    /// The next little-endian `u8`.
+    pub fn u8(&mut self) -> Result<u8, FormatError> {
         Ok(u8::from_le_bytes(self.array()?))
     }
 
-    pub(crate) fn u16(&mut self) -> Result<u16, FormatError> {
+    /// The next little-endian `u16`.
+    pub fn u16(&mut self) -> Result<u16, FormatError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
 
-    pub(crate) fn u32(&mut self) -> Result<u32, FormatError> {
+    /// The next little-endian `u32`.
+    pub fn u32(&mut self) -> Result<u32, FormatError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
 
-    pub(crate) fn u64(&mut self) -> Result<u64, FormatError> {
+    /// The next little-endian `u64`.
+    pub fn u64(&mut self) -> Result<u64, FormatError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 }
 
 /// Appends little-endian fields to a vector.
-pub(crate) struct Writer {
-    pub(crate) buf: Vec<u8>,
+pub struct Writer {
+    /// The bytes written so far.
+    pub buf: Vec<u8>,
 }
 
 impl Writer {
-    pub(crate) fn with_capacity(n: usize) -> Self {
+    /// An empty writer with room for `n` bytes.
+    pub fn with_capacity(n: usize) -> Self {
         Writer { buf: Vec::with_capacity(n) }
     }
-    pub(crate) fn bytes(&mut self, b: &[u8]) {
+    /// Appends `b`.
+    pub fn bytes(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
-    pub(crate) fn u8(&mut self, v: u8) {
+    /// Appends `v`, little-endian.
+    pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
-    pub(crate) fn u16(&mut self, v: u16) {
+    /// Appends `v`, little-endian.
+    pub fn u16(&mut self, v: u16) {
         self.bytes(&v.to_le_bytes());
     }
-    pub(crate) fn u32(&mut self, v: u32) {
+    /// Appends `v`, little-endian.
+    pub fn u32(&mut self, v: u32) {
         self.bytes(&v.to_le_bytes());
     }
-    pub(crate) fn u64(&mut self, v: u64) {
+    /// Appends `v`, little-endian.
+    pub fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
-    pub(crate) fn zeros(&mut self, n: usize) {
+    /// Appends `n` zero bytes.
+    pub fn zeros(&mut self, n: usize) {
         self.buf.resize(self.buf.len() + n, 0);
     }
 }

@@ -309,6 +309,50 @@ mod tests {
         assert_eq!(Checkpoint::decode(&sample().encode()).unwrap(), sample());
     }
 
+    /// Every byte of a checkpoint, written out field by field from the layout in the module
+    /// documentation (and docs/format.md): the encoder must produce exactly this.
+    #[test]
+    fn golden_bytes_match_the_spec() {
+        let mut expected: Vec<u8> = Vec::new();
+        expected.extend_from_slice(b"KVHCKPT\0");
+        expected.extend_from_slice(&1u32.to_le_bytes()); // version
+        expected.extend_from_slice(&0u32.to_le_bytes()); // reserved
+        expected.extend_from_slice(&[1; 16]); // volume_id
+        expected.extend_from_slice(&3u64.to_le_bytes()); // checkpoint_seq
+        expected.extend_from_slice(&4u64.to_le_bytes()); // created_unix_ms
+        expected.extend_from_slice(&10u64.to_le_bytes()); // next_segment_seq
+        expected.extend_from_slice(&2u32.to_le_bytes()); // segment_count
+        expected.extend_from_slice(&2u32.to_le_bytes()); // namespace_count
+        expected.extend_from_slice(&1u64.to_le_bytes()); // content_count
+        expected.extend_from_slice(&1u64.to_le_bytes()); // key_count
+        assert_eq!(expected.len(), HEADER_BYTES);
+        // segments: seq, end_unit, state, reserved
+        expected.extend_from_slice(&9u64.to_le_bytes());
+        expected.extend_from_slice(&12u32.to_le_bytes());
+        expected.extend_from_slice(&[0, 0, 0, 0]);
+        expected.extend_from_slice(&[0; 16]);
+        // names
+        expected.extend_from_slice(&7u16.to_le_bytes());
+        expected.extend_from_slice(b"default");
+        expected.extend_from_slice(&8u16.to_le_bytes());
+        expected.extend_from_slice(b"tenant-b");
+        // contents: fp, segment, unit, units, raw_len, ns, reserved
+        expected.extend_from_slice(&[5; 16]);
+        for v in [0u32, 1, 3, 9000] {
+            expected.extend_from_slice(&v.to_le_bytes());
+        }
+        expected.extend_from_slice(&[1, 0, 0, 0]);
+        // keys: fp, content, segment, unit, expires_unix_s, ns, reserved
+        expected.extend_from_slice(&[2; 16]);
+        for v in [0u32, 0, 1, 0] {
+            expected.extend_from_slice(&v.to_le_bytes());
+        }
+        expected.extend_from_slice(&[1, 0, 0, 0]);
+        let crc = crc32c::crc32c(&expected);
+        expected.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(sample().encode(), expected);
+    }
+
     #[test]
     fn every_truncation_is_rejected() {
         let enc = sample().encode();

@@ -17,15 +17,19 @@
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
-mod bytes;
+pub mod bytes;
 pub mod checkpoint;
+pub mod desc;
 mod error;
+pub mod hex;
 pub mod record;
 pub mod segment;
 pub mod summary;
 pub mod superblock;
 
+pub use desc::{BlockDesc, Dtype, Layout};
 pub use error::FormatError;
+pub use record::CompressionMeta;
 
 /// The unit of alignment and allocation on disk: every record, header and segment starts on a
 /// multiple of this, so the log can be read and written with O_DIRECT.

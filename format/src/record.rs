@@ -5,6 +5,7 @@
 //! itself is unit-aligned and can be read by O_DIRECT straight into a caller's buffer.
 
 use crate::bytes::{check_crc, check_magic, check_version, Reader, Writer};
+use crate::desc::{BlockDesc, DESC_BYTES_MAX};
 use crate::{align_up, FormatError, UNIT_BYTES};
 
 /// Magic of every record header.
@@ -19,12 +20,9 @@ pub const HEADER_BYTES_MAX: usize = 64 * 1024;
 pub const NAMESPACE_BYTES_MAX: usize = 255;
 /// Longest key in bytes.
 pub const KEY_BYTES_MAX: usize = 4096;
-/// Most dimensions a block's shape may have.
-pub const NDIM_MAX: usize = 8;
 /// Largest codec parameter area (so that a kept-token map of a long block fits).
 pub const CODEC_PARAMS_BYTES_MAX: usize =
     HEADER_BYTES_MAX - FIXED_BYTES - NAMESPACE_BYTES_MAX - KEY_BYTES_MAX - DESC_BYTES_MAX - 4;
-const DESC_BYTES_MAX: usize = 4 + 8 * NDIM_MAX;
 const HEADER_CRC_OFFSET: usize = 12;
 const FLAG_HAS_PARENT: u8 = 1;
 const FLAG_HAS_GROUP: u8 = 2;
@@ -56,251 +54,6 @@ impl RecordKind {
     }
 }
 
-/// `value`'s name in a table of every value with its name.
-fn name_in<T: Copy + PartialEq>(table: &[(T, &'static str)], value: T) -> &'static str {
-    table.iter().find(|(v, _)| *v == value).map_or("", |(_, n)| n)
-}
-
-/// The value called `name` in a table of every value with its name.
-fn named_in<T: Copy>(table: &[(T, &'static str)], name: &str) -> Option<T> {
-    table.iter().find(|(_, n)| *n == name).map(|(v, _)| *v)
-}
-
-/// Element type of a block's tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Dtype {
-    /// Unknown or not a tensor.
-    Bytes = 0,
-    /// IEEE half precision.
-    F16 = 1,
-    /// bfloat16.
-    Bf16 = 2,
-    /// IEEE single precision.
-    F32 = 3,
-    /// fp8 e4m3.
-    F8E4M3 = 4,
-    /// fp8 e5m2.
-    F8E5M2 = 5,
-    /// Unsigned bytes.
-    U8 = 6,
-    /// IEEE double precision.
-    F64 = 7,
-}
-
-impl Dtype {
-    /// Every dtype with its name, in code order. Names are stable: scripts and the Python package
-    /// read them.
-    pub const NAMES: [(Dtype, &'static str); 8] = [
-        (Dtype::Bytes, "bytes"),
-        (Dtype::F16, "f16"),
-        (Dtype::Bf16, "bf16"),
-        (Dtype::F32, "f32"),
-        (Dtype::F8E4M3, "f8e4m3"),
-        (Dtype::F8E5M2, "f8e5m2"),
-        (Dtype::U8, "u8"),
-        (Dtype::F64, "f64"),
-    ];
-
-    /// The dtype's short name (`bf16`, `f8e4m3`, ...).
-    pub fn name(self) -> &'static str {
-        name_in(&Self::NAMES, self)
-    }
-
-    /// The dtype called `name` (see [`Dtype::NAMES`]).
-    pub fn from_name(name: &str) -> Option<Dtype> {
-        named_in(&Self::NAMES, name)
-    }
-
-    /// Bytes per element.
-    pub fn size_bytes(self) -> u64 {
-        match self {
-            Dtype::Bytes | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::U8 => 1,
-            Dtype::F16 | Dtype::Bf16 => 2,
-            Dtype::F32 => 4,
-            Dtype::F64 => 8,
-        }
-    }
-
-    fn from_u8(v: u8) -> Result<Self, FormatError> {
-        Ok(match v {
-            0 => Dtype::Bytes,
-            1 => Dtype::F16,
-            2 => Dtype::Bf16,
-            3 => Dtype::F32,
-            4 => Dtype::F8E4M3,
-            5 => Dtype::F8E5M2,
-            6 => Dtype::U8,
-            7 => Dtype::F64,
-            _ => return Err(FormatError::invalid(WHAT, "dtype", format!("unknown dtype code {v}"))),
-        })
-    }
-}
-
-/// How a block's tensor is laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Layout {
-    /// Opaque bytes.
-    Opaque = 0,
-    /// LMCache `KV_2LTD`: `[2, layers, tokens, kv_heads * head_dim]`.
-    Kv2Ltd = 1,
-    /// vLLM paged: `[2, blocks, block_size, kv_heads, head_dim]`.
-    VllmPaged = 2,
-    /// LMCache `KV_T2D`: `[tokens, 2, hidden]`.
-    KvT2d = 3,
-    /// LMCache `KV_2TD`: `[2, tokens, hidden]`.
-    Kv2Td = 4,
-    /// LMCache `BINARY`: serialized bytes.
-    Binary = 5,
-    /// LMCache `BINARY_BUFFER`: serialized bytes in a reusable buffer.
-    BinaryBuffer = 6,
-    /// LMCache `KV_MLA_FMT`: `[layers, tokens, latent]` (one shared latent per token).
-    KvMla = 7,
-    /// LMCache `EC_TD`: encoder cache, `[tokens, hidden]`.
-    EcTd = 8,
-    /// LMCache `HS_TD`: hidden states, `[tokens, hidden]`.
-    HsTd = 9,
-}
-
-impl Layout {
-    /// Every layout with its name, in code order. Names are stable: scripts and the Python package
-    /// read them.
-    pub const NAMES: [(Layout, &'static str); 10] = [
-        (Layout::Opaque, "opaque"),
-        (Layout::Kv2Ltd, "kv_2ltd"),
-        (Layout::VllmPaged, "vllm_paged"),
-        (Layout::KvT2d, "kv_t2d"),
-        (Layout::Kv2Td, "kv_2td"),
-        (Layout::Binary, "binary"),
-        (Layout::BinaryBuffer, "binary_buffer"),
-        (Layout::KvMla, "kv_mla"),
-        (Layout::EcTd, "ec_td"),
-        (Layout::HsTd, "hs_td"),
-    ];
-
-    /// The layout's short name (`kv_2ltd`, `vllm_paged`, ...).
-    pub fn name(self) -> &'static str {
-        name_in(&Self::NAMES, self)
-    }
-
-    /// The layout called `name` (see [`Layout::NAMES`]).
-    pub fn from_name(name: &str) -> Option<Layout> {
-        named_in(&Self::NAMES, name)
-    }
-
-    fn from_u8(v: u8) -> Result<Self, FormatError> {
-        Ok(match v {
-            0 => Layout::Opaque,
-            1 => Layout::Kv2Ltd,
-            2 => Layout::VllmPaged,
-            3 => Layout::KvT2d,
-            4 => Layout::Kv2Td,
-            5 => Layout::Binary,
-            6 => Layout::BinaryBuffer,
-            7 => Layout::KvMla,
-            8 => Layout::EcTd,
-            9 => Layout::HsTd,
-            _ => return Err(FormatError::invalid(WHAT, "layout", format!("unknown layout code {v}"))),
-        })
-    }
-
-    /// The number of dimensions this layout requires, if it fixes one.
-    pub fn ndim(self) -> Option<usize> {
-        match self {
-            Layout::Kv2Ltd => Some(4),
-            Layout::VllmPaged => Some(5),
-            // LMCache's other formats vary in rank between versions; their shape is only checked
-            // against the length.
-            Layout::Opaque
-            | Layout::KvT2d
-            | Layout::Kv2Td
-            | Layout::Binary
-            | Layout::BinaryBuffer
-            | Layout::KvMla
-            | Layout::EcTd
-            | Layout::HsTd => None,
-        }
-    }
-}
-
-/// What a block's raw bytes are: dtype, layout and shape.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BlockDesc {
-    /// Element type.
-    pub dtype: Dtype,
-    /// Tensor layout.
-    pub layout: Layout,
-    /// Shape, outermost first; empty for opaque bytes.
-    pub shape: Vec<u64>,
-}
-
-impl BlockDesc {
-    /// Opaque bytes with no tensor description.
-    pub fn opaque() -> Self {
-        BlockDesc { dtype: Dtype::Bytes, layout: Layout::Opaque, shape: Vec::new() }
-    }
-
-    /// Checks the description against the raw length it describes.
-    pub fn validate(&self, raw_len: u64) -> Result<(), FormatError> {
-        if self.shape.len() > NDIM_MAX {
-            return Err(FormatError::invalid(
-                WHAT,
-                "ndim",
-                format!("{} dimensions, at most {NDIM_MAX}", self.shape.len()),
-            ));
-        }
-        if let Some(ndim) = self.layout.ndim() {
-            if self.shape.len() != ndim {
-                return Err(FormatError::invalid(
-                    WHAT,
-                    "shape",
-                    format!("layout {} needs {ndim} dimensions, got {}", self.layout.name(), self.shape.len()),
-                ));
-            }
-        }
-        if self.shape.is_empty() {
-            return Ok(());
-        }
-        let elements = self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
-        match elements.and_then(|e| e.checked_mul(self.dtype.size_bytes())) {
-            Some(bytes) if bytes == raw_len => Ok(()),
-            _ => Err(FormatError::invalid(
-                WHAT,
-                "shape",
-                format!("shape {:?} of {} does not describe {raw_len} bytes", self.shape, self.dtype.name()),
-            )),
-        }
-    }
-
-    fn encoded_len(&self) -> usize {
-        4 + 8 * self.shape.len()
-    }
-
-    fn encode(&self, w: &mut Writer) {
-        w.u8(self.dtype as u8);
-        w.u8(self.layout as u8);
-        w.u8(self.shape.len() as u8);
-        w.u8(0);
-        for d in &self.shape {
-            w.u64(*d);
-        }
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
-        let mut r = Reader::new(WHAT, bytes);
-        let dtype = Dtype::from_u8(r.u8()?)?;
-        let layout = Layout::from_u8(r.u8()?)?;
-        let ndim = usize::from(r.u8()?);
-        r.u8()?;
-        if ndim > NDIM_MAX || r.remaining() != 8 * ndim {
-            return Err(FormatError::invalid(WHAT, "desc_len", format!("{} bytes for {ndim} dimensions", bytes.len())));
-        }
-        let shape = (0..ndim).map(|_| r.u64()).collect::<Result<_, _>>()?;
-        Ok(BlockDesc { dtype, layout, shape })
-    }
-}
-
 /// How the stored bytes were produced from the raw bytes, with everything needed to decode them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CompressionMeta {
@@ -315,10 +68,31 @@ pub struct CompressionMeta {
 impl CompressionMeta {
     /// Stored bytes are the raw bytes.
     pub const CODEC_NONE: u16 = 0;
+    /// Stored bytes are the payload of kvhoard's KV codec stack (an optional token or page
+    /// dropping stage, then raw, byte-plane lossless or quantized encoding). `params` holds the
+    /// stack's parameters and kept-token map, encoded by `kvhoard-kernels` (docs/codecs.md,
+    /// "Codec parameters"); it is the only place a stored block's codec parameters live
+    /// (docs/decisions/0003-codec-parameters-live-in-the-record-header.md).
+    pub const CODEC_KV: u16 = 1;
+    /// Every codec id this build knows, with its name.
+    pub const CODECS: [(u16, &'static str); 2] = [(Self::CODEC_NONE, "none"), (Self::CODEC_KV, "kv")];
 
     /// No compression.
     pub fn none() -> Self {
         CompressionMeta { codec_id: Self::CODEC_NONE, codec_version: 1, params: Vec::new() }
+    }
+
+    /// Whether the stored bytes are the raw bytes.
+    pub fn is_none(&self) -> bool {
+        self.codec_id == Self::CODEC_NONE
+    }
+
+    /// The name of codec `id`: `none`, `kv`, or `codec-N` for an id this build does not know.
+    pub fn codec_name(id: u16) -> String {
+        match Self::CODECS.iter().find(|(c, _)| *c == id) {
+            Some((_, name)) => (*name).to_string(),
+            None => format!("codec-{id}"),
+        }
     }
 
     fn encoded_len(&self) -> usize {
@@ -584,6 +358,7 @@ pub fn validate_key(key: &str) -> Result<(), FormatError> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+    use crate::desc::{Dtype, Layout};
     use proptest::prelude::*;
 
     pub(crate) fn sample() -> RecordHeader {
@@ -603,23 +378,6 @@ mod tests {
             desc: BlockDesc { dtype: Dtype::Bf16, layout: Layout::Kv2Ltd, shape: vec![2, 4, 256, 512] },
             compression: CompressionMeta::none(),
         }
-    }
-
-    #[test]
-    fn names_cover_every_code_once() {
-        for (i, (dtype, name)) in Dtype::NAMES.iter().enumerate() {
-            assert_eq!(Dtype::from_u8(i as u8).unwrap(), *dtype);
-            assert_eq!(Dtype::from_name(name), Some(*dtype));
-            assert_eq!(dtype.name(), *name);
-        }
-        for (i, (layout, name)) in Layout::NAMES.iter().enumerate() {
-            assert_eq!(Layout::from_u8(i as u8).unwrap(), *layout);
-            assert_eq!(Layout::from_name(name), Some(*layout));
-            assert_eq!(layout.name(), *name);
-        }
-        assert!(Dtype::from_u8(Dtype::NAMES.len() as u8).is_err());
-        assert!(Layout::from_u8(Layout::NAMES.len() as u8).is_err());
-        assert_eq!(Dtype::from_name("bfloat16"), None);
     }
 
     #[test]

@@ -82,7 +82,8 @@ pub fn decode(bytes: &[u8], record_count: u32, summary_crc: u32) -> Result<Vec<S
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use crate::record::{BlockDesc, CompressionMeta, RecordKind};
+    use crate::desc::BlockDesc;
+    use crate::record::{CompressionMeta, RecordKind};
 
     fn header(key: &str) -> RecordHeader {
         RecordHeader {
@@ -118,6 +119,23 @@ mod tests {
         assert_eq!(entries.len(), 2);
         assert_eq!(entries[1].unit, 4);
         assert_eq!(entries[1].header.key, "b");
+    }
+
+    /// A summary is its entries back to back: unit, header length, the header's own bytes.
+    #[test]
+    fn golden_bytes_match_the_spec() {
+        let (a, b) = (header("a").encode(), header("b").encode());
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&1u32.to_le_bytes());
+        expected.extend_from_slice(&(a.len() as u32).to_le_bytes());
+        expected.extend_from_slice(&a);
+        expected.extend_from_slice(&4u32.to_le_bytes());
+        expected.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        expected.extend_from_slice(&b);
+        let (bytes, crc) = summary();
+        assert_eq!(bytes, expected);
+        assert_eq!(crc, crc32c::crc32c(&expected));
+        assert_eq!(entry_bytes(a.len()), 8 + a.len());
     }
 
     #[test]

@@ -23,8 +23,9 @@
 //! other; they do not predict task accuracy, and the numbers of two blocks are comparable only
 //! roughly. Use client queries where accuracy matters, and calibrate against task results.
 
-use crate::codec::{softmax, Decoded, Positions};
-use crate::{BlockDesc, Error, Queries};
+use crate::codec::{softmax, Decoded};
+use crate::elem::Elements as _;
+use crate::{Error, KvShape, Positions, Queries};
 
 /// Probes derived from a block's own keys, at most.
 pub const DERIVED_PROBES: usize = 16;
@@ -32,7 +33,9 @@ pub const DERIVED_PROBES: usize = 16;
 /// Error and lost attention mass per layer and KV head.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Report {
+    /// Layers of the block.
     pub layers: usize,
+    /// KV heads per layer.
     pub heads: usize,
     /// `E` per `(layer, head)`, at `layer * heads + head`.
     pub error: Vec<f32>,
@@ -41,14 +44,17 @@ pub struct Report {
 }
 
 impl Report {
+    /// Mean of `E` over layers and heads.
     pub fn mean_error(&self) -> f32 {
         mean(&self.error)
     }
 
+    /// Largest `E` of any layer and head.
     pub fn max_error(&self) -> f32 {
         self.error.iter().copied().fold(0.0, f32::max)
     }
 
+    /// Mean attention mass on dropped tokens.
     pub fn mean_lost_mass(&self) -> f32 {
         mean(&self.lost_mass)
     }
@@ -64,7 +70,7 @@ fn mean(x: &[f32]) -> f32 {
 
 /// Compares a decoded block with its original. `queries`, when given, are the probes.
 pub fn estimate(
-    desc: &BlockDesc,
+    desc: &KvShape,
     original: &[u8],
     decoded: &Decoded,
     decoded_bytes: &[u8],
@@ -73,7 +79,7 @@ pub fn estimate(
     if !desc.is_tensor() {
         return Err(Error::Unsupported("the quality estimate needs a KV tensor layout, not opaque bytes".into()));
     }
-    if original.len() != desc.raw_size() || decoded_bytes.len() < decoded.desc.raw_size() {
+    if original.len() != desc.raw_size() || decoded_bytes.len() < decoded.shape.raw_size() {
         return Err(Error::Invalid("original or decoded bytes do not match their shapes".into()));
     }
     let group = match queries {
@@ -82,9 +88,9 @@ pub fn estimate(
     };
     let (layers, heads, tokens, d, c) = (desc.layers(), desc.heads(), desc.tokens(), desc.head_dim(), desc.channels());
     let kept = decoded.kept_tokens;
-    let out_desc = decoded.desc;
+    let out_desc = decoded.shape;
     let scale = 1.0 / (d as f32).sqrt();
-    let load = |desc: &BlockDesc, bytes: &[u8], kv: usize, layer: usize, rows: usize| {
+    let load = |desc: &KvShape, bytes: &[u8], kv: usize, layer: usize, rows: usize| {
         let mut m = vec![0f32; rows * c];
         for t in 0..rows {
             desc.dtype.load(&bytes[desc.row(kv, layer, t) * desc.dtype.size()..], &mut m[t * c..(t + 1) * c]);

@@ -1,23 +1,28 @@
 //! Query vectors a client supplies (SnapKV's observation window, or probes for the quality
 //! estimate).
 
-use crate::{BlockDesc, Error};
+use crate::{Error, KvShape};
 
 /// Query vectors `[layers, count, q_heads, head_dim]` in `f32`. `q_heads` is a multiple of the
 /// block's KV heads (grouped-query attention); query head `q` reads KV head `q / (q_heads /
 /// kv_heads)`, as in every GQA implementation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Queries {
+    /// Layers.
     pub layers: usize,
+    /// Queries per layer and head.
     pub count: usize,
+    /// Query heads (a multiple of the block's KV heads).
     pub q_heads: usize,
+    /// Channels per head.
     pub head_dim: usize,
+    /// The values, `[layers, count, q_heads, head_dim]`.
     pub data: Vec<f32>,
 }
 
 impl Queries {
     /// Checks that these queries fit `desc` and returns the GQA group size.
-    pub fn check(&self, desc: &BlockDesc) -> Result<usize, Error> {
+    pub fn check(&self, desc: &KvShape) -> Result<usize, Error> {
         if self.data.len() != self.layers * self.count * self.q_heads * self.head_dim {
             return Err(Error::Invalid(format!(
                 "queries hold {} values, but [{}, {}, {}, {}] needs {}",

@@ -18,12 +18,15 @@
 //! representative; eviction rankings and errors on generated blocks are not evidence about real
 //! models.
 
-use crate::{BlockDesc, Dtype, Queries};
+use crate::elem::Elements as _;
+use crate::{Dtype, KvShape, Queries};
 
 /// Shape and statistics of generated blocks.
 #[derive(Clone, Copy, Debug)]
 pub struct Synth {
-    pub desc: BlockDesc,
+    /// The shape of the blocks generated.
+    pub desc: KvShape,
+    /// The seed every value derives from.
     pub seed: u64,
     /// Attention-sink tokens at the start.
     pub sinks: usize,
@@ -42,10 +45,11 @@ const QUERY_GAIN: f32 = 8.0;
 impl Synth {
     /// An LMCache-shaped chunk: bf16 `KV_2LTD`.
     pub fn new(layers: u32, tokens: u32, kv_heads: u32, head_dim: u32, seed: u64) -> Synth {
-        Synth::for_desc(BlockDesc::kv_2ltd(Dtype::Bf16, layers, tokens, kv_heads, head_dim), seed)
+        Synth::for_desc(KvShape::kv_2ltd(Dtype::Bf16, layers, tokens, kv_heads, head_dim), seed)
     }
 
-    pub fn for_desc(desc: BlockDesc, seed: u64) -> Synth {
+    /// Blocks of any shape.
+    pub fn for_desc(desc: KvShape, seed: u64) -> Synth {
         Synth { desc, seed, sinks: 4, heavy_hitters: 0.02, outlier_channels: 4, first_position: 0 }
     }
 

@@ -5,9 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvhoard_format::record::{validate_key, validate_namespace, BlockDesc, CompressionMeta, RecordHeader, RecordKind};
+use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
 use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::UNIT_BYTES;
+use kvhoard_format::{BlockDesc, CompressionMeta};
 
 use crate::error::{Result, StoreError};
 use crate::index::{content_fp, is_expired, key_fp, ContentEntry, ContentFp, KeyFp, Loc};

@@ -586,7 +586,7 @@ fn meta_reads_the_header_only_and_matches_get() {
 
 #[test]
 fn rename_moves_a_key_without_rewriting_its_bytes_and_survives_a_crash() {
-    use kvhoard_format::record::{BlockDesc, Dtype, Layout};
+    use kvhoard_format::{BlockDesc, Dtype, Layout};
     let (dev, s) = mem_store(8);
     let bytes = block(7, 300_000);
     let desc = BlockDesc { dtype: Dtype::Bf16, layout: Layout::Kv2Td, shape: vec![2, 75_000] };

@@ -4,8 +4,9 @@ use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use kvhoard_format::record::{validate_key, validate_namespace, BlockDesc, CompressionMeta, RecordHeader, RecordKind};
+use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
+use kvhoard_format::{BlockDesc, CompressionMeta};
 
 use crate::error::{Result, StoreError};
 use crate::index::{content_fp, key_fp, ContentEntry, ContentFp, KeyFp, Loc};

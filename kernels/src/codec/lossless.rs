@@ -101,15 +101,15 @@ pub(crate) fn decode(payload: &[u8], width: usize, out: &mut [u8], contexts: &mu
             let target: &mut [u8] = if width == 1 { &mut *chunk } else { &mut planes[..chunk.len()] };
             for plane in target.chunks_exact_mut(n) {
                 if rest.len() < 4 {
-                    return Err(Error::Corrupt("lossless payload truncated"));
+                    return Err(Error::corrupt("lossless payload truncated"));
                 }
                 let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                let frame = rest.get(4..4 + len).ok_or(Error::Corrupt("lossless plane longer than its payload"))?;
+                let frame = rest.get(4..4 + len).ok_or(Error::corrupt("lossless plane longer than its payload"))?;
                 let got = decompressor
                     .decompress_to_buffer(frame, plane)
-                    .map_err(|_| Error::Corrupt("lossless plane does not decompress"))?;
+                    .map_err(|_| Error::corrupt("lossless plane does not decompress"))?;
                 if got != plane.len() {
-                    return Err(Error::Corrupt("lossless plane has the wrong length"));
+                    return Err(Error::corrupt("lossless plane has the wrong length"));
                 }
                 rest = &rest[4 + len..];
             }
@@ -118,7 +118,7 @@ pub(crate) fn decode(payload: &[u8], width: usize, out: &mut [u8], contexts: &mu
             }
         }
         if !rest.is_empty() {
-            return Err(Error::Corrupt("bytes after the last lossless plane"));
+            return Err(Error::corrupt("bytes after the last lossless plane"));
         }
         Ok(())
     })();

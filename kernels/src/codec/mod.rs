@@ -3,48 +3,48 @@
 mod lossless;
 mod quant;
 mod select;
-mod spec;
 
 pub(crate) use select::softmax;
-pub use spec::{CodecSpec, DropMethod, DropSpec, Encoding};
 
-use crate::frame::{self, Header};
-use crate::{BlockDesc, Dtype, Error, Queries};
+use kvhoard_format::{BlockDesc, CompressionMeta};
+
+use crate::elem::Elements as _;
+use crate::{CodecParams, CodecSpec, Dtype, Encoding, Error, KvShape, Positions, Queries};
 
 /// One block to compress.
 #[derive(Clone, Copy, Debug)]
 pub struct Block<'a> {
-    pub desc: BlockDesc,
+    /// What the bytes are.
+    pub shape: KvShape,
+    /// The raw bytes.
     pub data: &'a [u8],
     /// Query vectors for SnapKV, when the client has them.
     pub queries: Option<&'a Queries>,
 }
 
 impl<'a> Block<'a> {
-    pub fn new(desc: BlockDesc, data: &'a [u8]) -> Block<'a> {
-        Block { desc, data, queries: None }
+    /// A block without queries.
+    pub fn new(shape: KvShape, data: &'a [u8]) -> Block<'a> {
+        Block { shape, data, queries: None }
     }
 }
 
-/// Which original token each decoded token is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Positions {
-    /// Nothing was dropped: decoded token `i` is token `i`.
-    All,
-    /// One kept set for all layers and heads, ascending.
-    Shared(Vec<u32>),
-    /// A kept set per layer and KV head, `kept[(layer * heads + head) * kept_tokens + i]`.
-    PerHead { layers: usize, heads: usize, kept: Vec<u32> },
+/// What a compressor produced: the payload's length (written at the start of the output buffer)
+/// and the parameters needed to decode it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compressed {
+    /// Payload bytes written.
+    pub len: usize,
+    /// The codec's parameters and kept-token map.
+    pub params: CodecParams,
+    /// The block as the codec saw it.
+    pub shape: KvShape,
 }
 
-impl Positions {
-    /// The original position of decoded token `index` of `(layer, head)`.
-    pub fn position(&self, layer: usize, head: usize, kept_tokens: usize, index: usize) -> usize {
-        match self {
-            Positions::All => index,
-            Positions::Shared(kept) => kept[index] as usize,
-            Positions::PerHead { heads, kept, .. } => kept[(layer * heads + head) * kept_tokens + index] as usize,
-        }
+impl Compressed {
+    /// The record header's codec area for this payload.
+    pub fn meta(&self) -> CompressionMeta {
+        self.params.to_meta(&self.shape)
     }
 }
 
@@ -52,44 +52,68 @@ impl Positions {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decoded {
     /// The decoded block's shape: the original with only the kept tokens.
-    pub desc: BlockDesc,
+    pub shape: KvShape,
     /// Bytes written at the start of the output buffer.
     pub len: usize,
     /// Tokens decoded; in a paged block, the rest of the last page is zeros.
     pub kept_tokens: usize,
+    /// Which original token each decoded token is.
     pub positions: Positions,
 }
 
-/// A codec backend. Every backend reads every frame (frames describe themselves) and must decode
-/// a frame to the same bytes as [`CpuCodec`], the reference.
+impl Decoded {
+    /// The stored description of the decoded bytes, for a block stored as `original`: the same
+    /// unless tokens were dropped.
+    pub fn desc(&self, original: &BlockDesc) -> BlockDesc {
+        if matches!(self.positions, Positions::All) {
+            original.clone()
+        } else {
+            self.shape.desc()
+        }
+    }
+}
+
+/// A codec backend. Every backend decodes every payload its parameters describe and must decode
+/// it to the same bytes as [`CpuCodec`], the reference.
 pub trait Codec: Send {
     /// The configuration this codec compresses with.
     fn spec(&self) -> &CodecSpec;
 
-    /// An upper bound of the frame size for a block; size the output buffer with it.
-    fn max_stored_size(&self, desc: &BlockDesc) -> usize;
+    /// An upper bound of the payload size for a block; size the output buffer with it.
+    fn max_payload_size(&self, shape: &KvShape) -> usize;
 
-    /// Compresses one block into `out`, returning the frame's length.
-    fn compress(&mut self, block: &Block<'_>, out: &mut [u8]) -> Result<usize, Error>;
+    /// Compresses one block into `out`.
+    fn compress(&mut self, block: &Block<'_>, out: &mut [u8]) -> Result<Compressed, Error>;
 
-    /// Decodes a frame into `out`, which must hold [`decoded_size`] bytes.
-    fn decompress(&mut self, frame: &[u8], out: &mut [u8]) -> Result<Decoded, Error>;
+    /// Decodes the payload of a block compressed with `params` (`shape` is the block as the codec
+    /// saw it, as [`CodecParams::decode`] returns it) into `out`, which must hold
+    /// [`decoded_size`] bytes.
+    fn decompress(
+        &mut self,
+        params: &CodecParams,
+        shape: &KvShape,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Result<Decoded, Error>;
 
     /// Compresses many blocks in one call (one pass over the batch, one launch on a GPU). Each
     /// block succeeds or fails on its own.
-    fn compress_batch(&mut self, blocks: &[Block<'_>], outs: &mut [&mut [u8]]) -> Vec<Result<usize, Error>> {
+    fn compress_batch(&mut self, blocks: &[Block<'_>], outs: &mut [&mut [u8]]) -> Vec<Result<Compressed, Error>> {
         blocks.iter().zip(outs.iter_mut()).map(|(block, out)| self.compress(block, out)).collect()
-    }
-
-    /// Decodes many frames in one call.
-    fn decompress_batch(&mut self, frames: &[&[u8]], outs: &mut [&mut [u8]]) -> Vec<Result<Decoded, Error>> {
-        frames.iter().zip(outs.iter_mut()).map(|(frame, out)| self.decompress(frame, out)).collect()
     }
 }
 
-/// Bytes a frame decodes to.
-pub fn decoded_size(frame: &[u8]) -> Result<usize, Error> {
-    Ok(Header::read(frame)?.decoded_desc().raw_size())
+/// Bytes a block compressed with `params` decodes to.
+pub fn decoded_size(params: &CodecParams, shape: &KvShape) -> usize {
+    decoded_shape(params, shape).raw_size()
+}
+
+fn decoded_shape(params: &CodecParams, shape: &KvShape) -> KvShape {
+    if params.spec.drop.is_some() {
+        shape.with_tokens(params.kept_tokens)
+    } else {
+        *shape
+    }
 }
 
 /// A dense `[2, layers, tokens, channels]` view of a buffer whose token dimension holds
@@ -105,13 +129,13 @@ pub(crate) struct Dense {
 }
 
 impl Dense {
-    fn new(desc: &BlockDesc, tokens: usize) -> Dense {
+    fn new(shape: &KvShape, tokens: usize) -> Dense {
         Dense {
-            dtype: desc.dtype,
-            layers: desc.layers(),
+            dtype: shape.dtype,
+            layers: shape.layers(),
             tokens,
-            stride_tokens: desc.tokens(),
-            channels: desc.channels(),
+            stride_tokens: shape.tokens(),
+            channels: shape.channels(),
         }
     }
 
@@ -130,33 +154,62 @@ pub struct CpuCodec {
 }
 
 impl CpuCodec {
+    /// A codec compressing with `spec` (and decoding anything).
     pub fn new(spec: CodecSpec) -> Result<CpuCodec, Error> {
         spec.validate()?;
         Ok(CpuCodec { spec, contexts: lossless::Contexts::new(), gathered: Vec::new(), floats: Vec::new() })
     }
 
-    /// A codec for reading frames only (any frame decodes, whatever the spec).
+    /// A codec for decoding only (any payload decodes, whatever the spec).
     pub fn decoder() -> CpuCodec {
         CpuCodec { spec: CodecSpec::RAW, contexts: lossless::Contexts::new(), gathered: Vec::new(), floats: Vec::new() }
     }
 
-    fn header_bound(&self, desc: &BlockDesc) -> usize {
-        let selections = match self.spec.drop {
-            None => 0,
-            Some(d) if d.per_head => desc.layers() * desc.heads(),
-            Some(_) => 1,
-        };
-        72 + selections * frame::bitmap_len(desc.tokens()) + 4
+    /// Decodes a stored block: its description `desc` of `raw_len` raw bytes, its record's codec
+    /// area `meta` and its `payload`, into `out`. Returns what was decoded; the stored
+    /// description of the decoded bytes is [`Decoded::desc`].
+    pub fn decode_stored(
+        &mut self,
+        desc: &BlockDesc,
+        raw_len: u64,
+        meta: &CompressionMeta,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Result<Decoded, Error> {
+        let view = KvShape::of(desc, raw_len).map_err(|e| Error::Corrupt(format!("stored description: {e}")))?;
+        let (params, shape) = CodecParams::decode(meta, &view)?;
+        self.decompress(&params, &shape, payload, out)
     }
 
-    fn payload_bound(spec: &CodecSpec, desc: &BlockDesc) -> usize {
+    fn payload_bound(spec: &CodecSpec, shape: &KvShape) -> usize {
         match spec.encoding {
-            Encoding::Raw => desc.raw_size(),
-            Encoding::Lossless { .. } => lossless::max_payload(desc.raw_size(), desc.dtype.size()),
+            Encoding::Raw => shape.raw_size(),
+            Encoding::Lossless { .. } => lossless::max_payload(shape.raw_size(), shape.dtype.size()),
             Encoding::Quant { bits, group, residual } => {
-                quant::payload_size(&Dense::new(desc, desc.tokens()), quant_params(bits, group, residual))
+                quant::payload_size(&Dense::new(shape, shape.tokens()), quant_params(bits, group, residual))
             }
         }
+    }
+
+    /// Checks a block against this codec's spec before any work.
+    fn check(&self, block: &Block<'_>) -> Result<(), Error> {
+        let shape = block.shape;
+        shape.validate()?;
+        if block.data.len() != shape.raw_size() {
+            return Err(Error::Invalid(format!(
+                "a {shape} block is {} bytes, but {} were given",
+                shape.raw_size(),
+                block.data.len()
+            )));
+        }
+        let spec = self.spec;
+        let lossy = spec.drop.is_some() || matches!(spec.encoding, Encoding::Quant { .. });
+        if lossy && !shape.is_tensor() {
+            return Err(Error::Unsupported(format!(
+                "{spec} needs a KV tensor of a float dtype; a {shape} block can only be stored raw or lossless"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -169,87 +222,74 @@ impl Codec for CpuCodec {
         &self.spec
     }
 
-    fn max_stored_size(&self, desc: &BlockDesc) -> usize {
-        self.header_bound(desc) + Self::payload_bound(&self.spec, desc)
+    fn max_payload_size(&self, shape: &KvShape) -> usize {
+        Self::payload_bound(&self.spec, shape)
     }
 
-    fn compress(&mut self, block: &Block<'_>, out: &mut [u8]) -> Result<usize, Error> {
-        let desc = block.desc;
-        desc.validate()?;
-        if block.data.len() != desc.raw_size() {
-            return Err(Error::Invalid(format!(
-                "a {desc} block is {} bytes, but {} were given",
-                desc.raw_size(),
-                block.data.len()
-            )));
-        }
-        let spec = self.spec;
-        if !desc.is_tensor() && (spec.drop.is_some() || matches!(spec.encoding, Encoding::Quant { .. })) {
-            return Err(Error::Unsupported(format!(
-                "{spec} needs a KV tensor layout; an opaque block can only be stored raw or lossless"
-            )));
-        }
+    fn compress(&mut self, block: &Block<'_>, out: &mut [u8]) -> Result<Compressed, Error> {
+        self.check(block)?;
+        let (shape, spec) = (block.shape, self.spec);
         let mut gathered = std::mem::take(&mut self.gathered);
         let result = (|| {
-            let (kept_tokens, positions, encoded_desc, input): (_, _, _, &[u8]) = match &spec.drop {
-                None => (desc.tokens(), Positions::All, desc, block.data),
+            let (kept_tokens, positions, encoded_shape, input): (_, _, _, &[u8]) = match &spec.drop {
+                None => (shape.tokens(), Positions::All, shape, block.data),
                 Some(drop) => {
-                    let (kept, positions) = select::select(drop, &desc, block.data, block.queries)?;
-                    let out_desc = desc.with_tokens(kept);
-                    gathered.resize(out_desc.raw_size(), 0);
-                    select::gather(&desc, block.data, &positions, &Dense::new(&out_desc, kept), &mut gathered);
-                    (kept, positions, out_desc, &gathered[..])
+                    let (kept, positions) = select::select(drop, &shape, block.data, block.queries)?;
+                    let out_shape = shape.with_tokens(kept);
+                    gathered.resize(out_shape.raw_size(), 0);
+                    select::gather(&shape, block.data, &positions, &Dense::new(&out_shape, kept), &mut gathered);
+                    (kept, positions, out_shape, &gathered[..])
                 }
             };
-            let mut header = Header { spec, desc, kept_tokens, positions, payload_len: 0, payload_crc: 0 };
-            let header_len = header.encoded_len();
-            if out.len() < header_len {
-                return Err(Error::BufferTooSmall { need: self.max_stored_size(&desc), have: out.len() });
+            let params = CodecParams { spec, kv_heads: shape.kv_heads, kept_tokens, positions };
+            if params.encoded_len(shape.tokens()) > kvhoard_format::record::CODEC_PARAMS_BYTES_MAX {
+                return Err(Error::Unsupported(format!(
+                    "the kept-token map of {spec} on a {shape} block does not fit in a record header; \
+                     use a shared selection or a smaller block"
+                )));
             }
-            let payload_out = &mut out[header_len..];
-            let dense = Dense::new(&encoded_desc, kept_tokens);
-            let payload_len = match spec.encoding {
+            let dense = Dense::new(&encoded_shape, kept_tokens);
+            let len = match spec.encoding {
                 Encoding::Raw => {
-                    if payload_out.len() < input.len() {
-                        return Err(Error::BufferTooSmall { need: header_len + input.len(), have: out.len() });
-                    }
-                    payload_out[..input.len()].copy_from_slice(input);
+                    let have = out.len();
+                    let dst = out.get_mut(..input.len()).ok_or(Error::BufferTooSmall { need: input.len(), have })?;
+                    dst.copy_from_slice(input);
                     input.len()
                 }
                 Encoding::Lossless { level } => {
-                    lossless::encode(input, desc.dtype.size(), level, payload_out, &mut self.contexts)?
+                    lossless::encode(input, shape.dtype.size(), level, out, &mut self.contexts)?
                 }
                 Encoding::Quant { bits, group, residual } => {
-                    quant::encode(&dense, input, quant_params(bits, group, residual), payload_out, &mut self.floats)?
+                    quant::encode(&dense, input, quant_params(bits, group, residual), out, &mut self.floats)?
                 }
             };
-            header.payload_len = payload_len as u64;
-            header.payload_crc = crc32c::crc32c(&out[header_len..header_len + payload_len]);
-            header.write(out);
-            Ok(header_len + payload_len)
+            Ok(Compressed { len, params, shape })
         })();
         self.gathered = gathered;
         result
     }
 
-    fn decompress(&mut self, frame: &[u8], out: &mut [u8]) -> Result<Decoded, Error> {
-        let (header, payload) = frame::parse(frame)?;
-        let desc = header.decoded_desc();
-        let len = desc.raw_size();
-        if out.len() < len {
-            return Err(Error::BufferTooSmall { need: len, have: out.len() });
-        }
-        let out = &mut out[..len];
-        match header.spec.encoding {
+    fn decompress(
+        &mut self,
+        params: &CodecParams,
+        shape: &KvShape,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Result<Decoded, Error> {
+        let decoded = decoded_shape(params, shape);
+        let len = decoded.raw_size();
+        let have = out.len();
+        let out = out.get_mut(..len).ok_or(Error::BufferTooSmall { need: len, have })?;
+        match params.spec.encoding {
             Encoding::Raw => {
                 if payload.len() != len {
-                    return Err(Error::Corrupt("raw payload size does not match its shape"));
+                    return Err(Error::corrupt("raw payload size does not match its shape"));
                 }
                 out.copy_from_slice(payload);
             }
-            Encoding::Lossless { .. } => lossless::decode(payload, desc.dtype.size(), out, &mut self.contexts)?,
+            Encoding::Lossless { .. } => lossless::decode(payload, decoded.dtype.size(), out, &mut self.contexts)?,
             Encoding::Quant { bits, group, residual } => {
-                let dense = Dense::new(&desc, header.kept_tokens);
+                let dense = Dense::new(&decoded, params.kept_tokens);
                 // Padding rows of a partial last page are not in the payload.
                 if dense.tokens < dense.stride_tokens {
                     out.fill(0);
@@ -257,6 +297,6 @@ impl Codec for CpuCodec {
                 quant::decode(&dense, payload, quant_params(bits, group, residual), out, &mut self.floats)?
             }
         }
-        Ok(Decoded { desc, len, kept_tokens: header.kept_tokens, positions: header.positions })
+        Ok(Decoded { shape: decoded, len, kept_tokens: params.kept_tokens, positions: params.positions.clone() })
     }
 }

@@ -20,7 +20,7 @@
 //! decodes to zeros. A constant group has scale zero and decodes exactly.
 
 use super::Dense;
-use crate::dtype::{bf16_to_f32, f32_to_bf16_finite};
+use crate::elem::{bf16_to_f32, f32_to_bf16_finite, Elements as _};
 use crate::{Dtype, Error};
 
 #[derive(Clone, Copy, Debug)]
@@ -196,7 +196,7 @@ pub(crate) fn decode(
 ) -> Result<(), Error> {
     let plan = Plan::new(dense, p);
     if payload.len() != plan.size() {
-        return Err(Error::Corrupt("quant payload size does not match its shape"));
+        return Err(Error::corrupt("quant payload size does not match its shape"));
     }
     let (key_params, rest) = payload.split_at(plan.key_params);
     let (value_params, rest) = rest.split_at(plan.value_params);

@@ -6,13 +6,14 @@
 //! tokens of each layer and head. Scores that are not numbers rank lowest. Ties go to the earlier
 //! token, so a selection is a pure function of the block.
 
-use super::{Dense, Positions};
-use crate::{BlockDesc, DropMethod, DropSpec, Error, Queries};
+use super::Dense;
+use crate::elem::Elements as _;
+use crate::{DropMethod, DropSpec, Error, KvShape, Positions, Queries};
 
 /// Chooses the kept tokens. Returns their count and positions (ascending within a selection).
 pub(crate) fn select(
     spec: &DropSpec,
-    desc: &BlockDesc,
+    desc: &KvShape,
     data: &[u8],
     queries: Option<&Queries>,
 ) -> Result<(usize, Positions), Error> {
@@ -89,7 +90,7 @@ fn keep_count(fraction: f32, tokens: usize) -> usize {
     ((fraction as f64 * tokens as f64).round() as usize).clamp(1, tokens.max(1))
 }
 
-fn share(spec: &DropSpec, desc: &BlockDesc, kept: Vec<u32>) -> Positions {
+fn share(spec: &DropSpec, desc: &KvShape, kept: Vec<u32>) -> Positions {
     if spec.per_head {
         let copies = desc.layers() * desc.heads();
         Positions::PerHead { layers: desc.layers(), heads: desc.heads(), kept: kept.repeat(copies) }
@@ -130,7 +131,7 @@ fn mean_over_heads(scores: &[f32], tokens: usize) -> Vec<f32> {
 }
 
 /// Calls `f(layer, head, token, k, v)` with each head's key and value vectors as `f32`.
-fn for_each_head(desc: &BlockDesc, data: &[u8], mut f: impl FnMut(usize, usize, usize, &[f32], &[f32])) {
+fn for_each_head(desc: &KvShape, data: &[u8], mut f: impl FnMut(usize, usize, usize, &[f32], &[f32])) {
     let (c, d, dtype) = (desc.channels(), desc.head_dim(), desc.dtype);
     let mut k = vec![0f32; c];
     let mut v = vec![0f32; c];
@@ -150,11 +151,11 @@ fn norm(x: &[f32]) -> f32 {
 }
 
 /// Scores laid out `[layer][head][token]`.
-fn scores_buffer(desc: &BlockDesc) -> Vec<f32> {
+fn scores_buffer(desc: &KvShape) -> Vec<f32> {
     vec![0f32; desc.layers() * desc.heads() * desc.tokens()]
 }
 
-fn score_knorm(desc: &BlockDesc, data: &[u8]) -> Vec<f32> {
+fn score_knorm(desc: &KvShape, data: &[u8]) -> Vec<f32> {
     let (heads, tokens) = (desc.heads(), desc.tokens());
     let mut scores = scores_buffer(desc);
     for_each_head(desc, data, |l, h, t, k, _| {
@@ -164,7 +165,7 @@ fn score_knorm(desc: &BlockDesc, data: &[u8]) -> Vec<f32> {
     scores
 }
 
-fn score_keydiff(desc: &BlockDesc, data: &[u8]) -> Vec<f32> {
+fn score_keydiff(desc: &KvShape, data: &[u8]) -> Vec<f32> {
     let (heads, tokens, d) = (desc.heads(), desc.tokens(), desc.head_dim());
     let mut normalized = vec![0f32; desc.layers() * heads * tokens * d];
     for_each_head(desc, data, |l, h, t, k, _| {
@@ -193,7 +194,7 @@ fn score_keydiff(desc: &BlockDesc, data: &[u8]) -> Vec<f32> {
     scores
 }
 
-fn score_value_key_ratio(desc: &BlockDesc, data: &[u8]) -> Vec<f32> {
+fn score_value_key_ratio(desc: &KvShape, data: &[u8]) -> Vec<f32> {
     let (heads, tokens) = (desc.heads(), desc.tokens());
     let mut scores = scores_buffer(desc);
     for_each_head(desc, data, |l, h, t, k, v| {
@@ -202,7 +203,7 @@ fn score_value_key_ratio(desc: &BlockDesc, data: &[u8]) -> Vec<f32> {
     scores
 }
 
-fn score_snapkv(desc: &BlockDesc, data: &[u8], queries: &Queries, pool: usize) -> Result<Vec<f32>, Error> {
+fn score_snapkv(desc: &KvShape, data: &[u8], queries: &Queries, pool: usize) -> Result<Vec<f32>, Error> {
     let group = queries.check(desc)?;
     let (heads, tokens, d, c) = (desc.heads(), desc.tokens(), desc.head_dim(), desc.channels());
     let scale = 1.0 / (d as f32).sqrt();
@@ -261,7 +262,7 @@ pub(crate) fn softmax(x: &mut [f32]) {
 }
 
 /// Copies the kept rows of `data` (shape `desc`) into `out` (shape `dense`, zero elsewhere).
-pub(crate) fn gather(desc: &BlockDesc, data: &[u8], positions: &Positions, dense: &Dense, out: &mut [u8]) {
+pub(crate) fn gather(desc: &KvShape, data: &[u8], positions: &Positions, dense: &Dense, out: &mut [u8]) {
     let size = desc.dtype.size();
     let (c, d) = (desc.channels(), desc.head_dim());
     out.fill(0);

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use kvhoard_engine::format::record::{BlockDesc, Dtype, Layout};
+use kvhoard_engine::format::{BlockDesc, Dtype, Layout};
 use kvhoard_engine::{BlockMeta, CreateOptions, Durability, PutOptions, ReadOptions, StoreOptions};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

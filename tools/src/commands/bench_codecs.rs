@@ -88,16 +88,19 @@ fn measure(
     min_time: Duration,
 ) -> anyhow::Result<Value> {
     let desc = synth.desc;
-    let block = Block { desc, data, queries: Some(queries) };
+    let block = Block { shape: desc, data, queries: Some(queries) };
     let mut codec = CpuCodec::new(*spec)?;
-    let mut frame = vec![0u8; codec.max_stored_size(&desc)];
+    let mut payload = vec![0u8; codec.max_payload_size(&desc)];
     // Touch the buffers once so that page faults are not timed.
-    let stored = codec.compress(&block, &mut frame)?;
-    let compress_s = time(min_time, || codec.compress(&block, &mut frame).map(drop))?;
-    let frame = &frame[..stored];
-    let mut out = vec![0u8; kvhoard_kernels::decoded_size(frame)?];
-    let decoded = codec.decompress(frame, &mut out)?;
-    let decompress_s = time(min_time, || codec.decompress(frame, &mut out).map(drop))?;
+    let compressed = codec.compress(&block, &mut payload)?;
+    let compress_s = time(min_time, || codec.compress(&block, &mut payload).map(drop))?;
+    let payload = &payload[..compressed.len];
+    // What a stored block costs: its payload and the parameters its record header carries.
+    let stored = compressed.len + compressed.meta().params.len();
+    let (params, shape) = (&compressed.params, &compressed.shape);
+    let mut out = vec![0u8; kvhoard_kernels::decoded_size(params, shape)];
+    let decoded = codec.decompress(params, shape, payload, &mut out)?;
+    let decompress_s = time(min_time, || codec.decompress(params, shape, payload, &mut out).map(drop))?;
     let started = Instant::now();
     let derived = quality::estimate(&desc, data, &decoded, &out, None)?;
     let quality_ms = started.elapsed().as_secs_f64() * 1e3;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvhoard_engine::format::record::{BlockDesc, Dtype, Layout};
+use kvhoard_engine::format::{BlockDesc, Dtype, Layout};
 use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
 
 use crate::size::human;

@@ -9,7 +9,7 @@
 //! that description in the block's record ([`BlockDesc`]); [`desc_from_wire`] and
 //! [`wire_from_desc`] translate, and refuse what they cannot carry both ways.
 
-use kvhoard_engine::format::record::{BlockDesc, Dtype, Layout};
+use kvhoard_engine::format::{BlockDesc, Dtype, Layout};
 use thiserror::Error;
 
 /// Bytes of a request header.

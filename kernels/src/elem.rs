@@ -1,78 +1,36 @@
-//! Element types of KV tensors and their conversion to and from `f32`.
+//! Elements of KV tensors and their conversion to and from `f32`.
 //!
 //! Every codec computes in `f32` and converts at the edges, one row at a time, so that a codec is
 //! written once for all dtypes. The conversions are exact where the format allows (every bf16, f16
 //! and fp8 value is an `f32`) and round to nearest, ties to even, on the way back.
 
-use crate::Error;
+use kvhoard_format::Dtype;
 
-/// The element type of a block's tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dtype {
-    Bf16,
-    F16,
-    F32,
-    /// OCP FP8 E4M3 ("fn": no infinities, one NaN pattern, largest finite 448), as
-    /// `torch.float8_e4m3fn`.
-    F8E4M3,
-    /// OCP FP8 E5M2 (IEEE-like, with infinities), as `torch.float8_e5m2`.
-    F8E5M2,
+/// Element arithmetic on a block's dtype (the one [`Dtype`] of `kvhoard-format`): its size, and
+/// decoding to and encoding from `f32`. Integer dtypes convert by value (`u8` 200 is 200.0,
+/// encoded back rounded and clamped to 0..=255); `f64` rounds to the nearest `f32`.
+pub trait Elements: Copy {
+    /// Bytes per element.
+    fn size(self) -> usize;
+    /// Decodes element `index` of `bytes`.
+    fn get(self, bytes: &[u8], index: usize) -> f32;
+    /// Decodes `out.len()` consecutive elements from the start of `bytes`.
+    fn load(self, bytes: &[u8], out: &mut [f32]);
+    /// Encodes `values` into the start of `bytes`, rounding to nearest, ties to even.
+    fn store(self, values: &[f32], bytes: &mut [u8]);
 }
 
-impl Dtype {
-    pub const ALL: [Dtype; 5] = [Dtype::Bf16, Dtype::F16, Dtype::F32, Dtype::F8E4M3, Dtype::F8E5M2];
+/// The dtypes codecs are tested on (every float dtype a KV cache is stored in).
+pub const FLOAT_DTYPES: [Dtype; 5] = [Dtype::Bf16, Dtype::F16, Dtype::F32, Dtype::F8E4M3, Dtype::F8E5M2];
 
-    pub fn size(self) -> usize {
-        match self {
-            Dtype::Bf16 | Dtype::F16 => 2,
-            Dtype::F32 => 4,
-            Dtype::F8E4M3 | Dtype::F8E5M2 => 1,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::Bf16 => "bf16",
-            Dtype::F16 => "f16",
-            Dtype::F32 => "f32",
-            Dtype::F8E4M3 => "f8e4m3",
-            Dtype::F8E5M2 => "f8e5m2",
-        }
-    }
-
-    /// The code this dtype has in codec metadata. Stable: stored on disk.
-    pub fn code(self) -> u8 {
-        match self {
-            Dtype::Bf16 => 1,
-            Dtype::F16 => 2,
-            Dtype::F32 => 3,
-            Dtype::F8E4M3 => 4,
-            Dtype::F8E5M2 => 5,
-        }
-    }
-
-    pub fn from_code(code: u8) -> Result<Dtype, Error> {
-        Dtype::ALL.into_iter().find(|d| d.code() == code).ok_or(Error::Corrupt("unknown dtype code"))
-    }
-
-    pub fn parse(name: &str) -> Result<Dtype, Error> {
-        let lower = name.to_ascii_lowercase();
-        let canonical = match lower.as_str() {
-            "bfloat16" => "bf16",
-            "float16" | "half" | "fp16" => "f16",
-            "float32" | "float" | "fp32" => "f32",
-            "float8_e4m3fn" | "fp8e4m3" | "e4m3" => "f8e4m3",
-            "float8_e5m2" | "fp8e5m2" | "e5m2" => "f8e5m2",
-            other => other,
-        };
-        Dtype::ALL.into_iter().find(|d| d.name() == canonical).ok_or_else(|| {
-            Error::Invalid(format!("unknown dtype {name:?}; expected one of bf16, f16, f32, f8e4m3, f8e5m2"))
-        })
+impl Elements for Dtype {
+    fn size(self) -> usize {
+        self.size_bytes() as usize
     }
 
     /// Decodes one element.
     #[inline]
-    pub fn get(self, bytes: &[u8], index: usize) -> f32 {
+    fn get(self, bytes: &[u8], index: usize) -> f32 {
         match self {
             Dtype::Bf16 => bf16_to_f32(u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])),
             Dtype::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])).to_f32(),
@@ -81,11 +39,13 @@ impl Dtype {
             }
             Dtype::F8E4M3 => E4M3_TABLE[bytes[index] as usize],
             Dtype::F8E5M2 => E5M2_TABLE[bytes[index] as usize],
+            Dtype::Bytes | Dtype::U8 => f32::from(bytes[index]),
+            Dtype::F64 => f64::from_le_bytes(bytes[8 * index..8 * index + 8].try_into().unwrap_or([0; 8])) as f32,
         }
     }
 
     /// Decodes `out.len()` consecutive elements from the start of `bytes`.
-    pub fn load(self, bytes: &[u8], out: &mut [f32]) {
+    fn load(self, bytes: &[u8], out: &mut [f32]) {
         let n = out.len();
         match self {
             Dtype::Bf16 => {
@@ -113,11 +73,21 @@ impl Dtype {
                     *o = E5M2_TABLE[b as usize];
                 }
             }
+            Dtype::Bytes | Dtype::U8 => {
+                for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
+                    *o = f32::from(b);
+                }
+            }
+            Dtype::F64 => {
+                for (o, b) in out.iter_mut().zip(bytes[..8 * n].chunks_exact(8)) {
+                    *o = f64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f32;
+                }
+            }
         }
     }
 
     /// Encodes `values` into the start of `bytes`, rounding to nearest, ties to even.
-    pub fn store(self, values: &[f32], bytes: &mut [u8]) {
+    fn store(self, values: &[f32], bytes: &mut [u8]) {
         let n = values.len();
         match self {
             Dtype::Bf16 => {
@@ -145,13 +115,18 @@ impl Dtype {
                     *b = f32_to_fp8(*v, &E5M2);
                 }
             }
+            Dtype::Bytes | Dtype::U8 => {
+                for (v, b) in values.iter().zip(&mut bytes[..n]) {
+                    // `as` saturates and maps NaN to 0.
+                    *b = v.round_ties_even() as u8;
+                }
+            }
+            Dtype::F64 => {
+                for (v, b) in values.iter().zip(bytes[..8 * n].chunks_exact_mut(8)) {
+                    b.copy_from_slice(&f64::from(*v).to_le_bytes());
+                }
+            }
         }
-    }
-}
-
-impl std::fmt::Display for Dtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -326,7 +301,7 @@ mod tests {
     #[test]
     fn load_and_store_agree_for_every_dtype() {
         let values: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.37).collect();
-        for dtype in Dtype::ALL {
+        for dtype in FLOAT_DTYPES.into_iter().chain([Dtype::F64]) {
             let mut bytes = vec![0u8; values.len() * dtype.size()];
             dtype.store(&values, &mut bytes);
             let mut back = vec![0f32; values.len()];
@@ -334,7 +309,7 @@ mod tests {
             for (i, (&a, &b)) in values.iter().zip(&back).enumerate() {
                 assert_eq!(b, dtype.get(&bytes, i));
                 let tolerance = match dtype {
-                    Dtype::F32 => 0.0,
+                    Dtype::F32 | Dtype::F64 | Dtype::U8 | Dtype::Bytes => 0.0,
                     Dtype::F16 => 0.002 * a.abs(),
                     Dtype::Bf16 => 0.008 * a.abs(),
                     Dtype::F8E4M3 => 0.07 * a.abs() + 0.002,
@@ -346,13 +321,13 @@ mod tests {
     }
 
     #[test]
-    fn dtype_codes_and_names_round_trip() {
-        for dtype in Dtype::ALL {
-            assert_eq!(Dtype::from_code(dtype.code()).unwrap(), dtype);
-            assert_eq!(Dtype::parse(dtype.name()).unwrap(), dtype);
-        }
-        assert_eq!(Dtype::parse("bfloat16").unwrap(), Dtype::Bf16);
-        assert!(Dtype::parse("int4").is_err());
-        assert!(Dtype::from_code(0).is_err());
+    fn integer_dtypes_convert_by_value_and_saturate() {
+        let mut bytes = [0u8; 5];
+        Dtype::U8.store(&[0.4, 2.5, 3.5, 300.0, f32::NAN], &mut bytes);
+        assert_eq!(bytes, [0, 2, 4, 255, 0]);
+        let mut back = [0f32; 5];
+        Dtype::U8.load(&bytes, &mut back);
+        assert_eq!(back, [0.0, 2.0, 4.0, 255.0, 0.0]);
+        assert_eq!(Dtype::Bytes.get(&bytes, 3), 255.0);
     }
 }

@@ -1,12 +1,15 @@
 //! What a codec does, as data: parsed from and printed to a short string such as
-//! `drop-knorm:keep=0.5+quant:bits=4`, and stored in every frame.
+//! `drop-knorm:keep=0.5+quant:bits=4`, and stored with every compressed block
+//! ([`crate::CodecParams`]).
 
 use crate::Error;
 
 /// A codec configuration: an optional dropping stage, then an encoding of what is kept.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CodecSpec {
+    /// The dropping stage, if any.
     pub drop: Option<DropSpec>,
+    /// How what is kept is encoded.
     pub encoding: Encoding,
 }
 
@@ -17,16 +20,27 @@ pub enum Encoding {
     Raw,
     /// Byte planes (high bytes together, low bytes together), each compressed with zstd.
     /// Bit-exact.
-    Lossless { level: i32 },
+    Lossless {
+        /// zstd level.
+        level: i32,
+    },
     /// KIVI-style asymmetric min/max quantization: keys per channel over groups of `group`
     /// tokens, values per token over groups of `group` channels, `bits` per value, the last
     /// `residual` tokens kept in full precision.
-    Quant { bits: u8, group: u32, residual: u32 },
+    Quant {
+        /// Bits per value: 2, 4 or 8.
+        bits: u8,
+        /// Values per group sharing a minimum and a scale.
+        group: u32,
+        /// Recent tokens kept in full precision.
+        residual: u32,
+    },
 }
 
 /// Which tokens to keep.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DropSpec {
+    /// How tokens are chosen.
     pub method: DropMethod,
     /// Fraction of the tokens (pages for [`DropMethod::Paged`]) kept, in (0, 1].
     pub keep_fraction: f32,
@@ -35,6 +49,7 @@ pub struct DropSpec {
     pub per_head: bool,
 }
 
+/// How a dropping stage scores tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DropMethod {
     /// Drop the tokens with the largest key L2 norm.
@@ -42,22 +57,36 @@ pub enum DropMethod {
     /// Drop the tokens whose normalized key is closest (cosine) to the mean normalized key.
     KeyDiff,
     /// Keep `sink` tokens at the start and the most recent ones.
-    Streaming { sink: u32 },
+    Streaming {
+        /// Tokens kept at the start.
+        sink: u32,
+    },
     /// PagedEviction: drop whole pages of `page` tokens with the lowest mean ||V|| / ||K||,
     /// always keeping the first and last page.
-    Paged { page: u32 },
+    Paged {
+        /// Tokens per page (a paged block's own page size wins).
+        page: u32,
+    },
     /// SnapKV: score tokens by the attention of client-supplied observation-window queries,
     /// smoothed by an average pool of width `pool`.
-    SnapKv { pool: u32 },
+    SnapKv {
+        /// Width of the average pool (odd).
+        pool: u32,
+    },
 }
 
 /// zstd level 1: on bf16 KV planes it compresses as well as level 3 (0.69 against 0.72 of the
 /// raw size on generated blocks) and decompresses 1.5x faster (`kvhoard bench codecs`).
 pub const DEFAULT_LEVEL: i32 = 1;
+/// Quantization bits when a spec gives none.
 pub const DEFAULT_BITS: u8 = 4;
+/// Quantization group when a spec gives none (KIVI's).
 pub const DEFAULT_GROUP: u32 = 32;
+/// StreamingLLM sink tokens when a spec gives none.
 pub const DEFAULT_SINK: u32 = 4;
+/// PagedEviction page size when a spec gives none (vLLM's block size).
 pub const DEFAULT_PAGE: u32 = 16;
+/// SnapKV pool width when a spec gives none.
 pub const DEFAULT_POOL: u32 = 5;
 const MAX_GROUP: u32 = 1 << 16;
 
@@ -155,20 +184,26 @@ impl DropSpec {
 }
 
 impl CodecSpec {
+    /// Stored as given.
     pub const RAW: CodecSpec = CodecSpec { drop: None, encoding: Encoding::Raw };
 
+    /// Byte-plane lossless at zstd `level`.
     pub fn lossless(level: i32) -> CodecSpec {
         CodecSpec { drop: None, encoding: Encoding::Lossless { level } }
     }
 
+    /// Quantization to `bits` bits in groups of `group`, the last `residual` tokens in full
+    /// precision.
     pub fn quant(bits: u8, group: u32, residual: u32) -> CodecSpec {
         CodecSpec { drop: None, encoding: Encoding::Quant { bits, group, residual } }
     }
 
+    /// This encoding after a dropping stage keeping `keep_fraction` of the tokens.
     pub fn with_drop(self, method: DropMethod, keep_fraction: f32) -> CodecSpec {
         CodecSpec { drop: Some(DropSpec { method, keep_fraction, per_head: false }), ..self }
     }
 
+    /// Checks every parameter's range.
     pub fn validate(&self) -> Result<(), Error> {
         self.encoding.validate()?;
         if let Some(drop) = &self.drop {
