@@ -77,37 +77,13 @@ impl Default for CreateOptions {
     }
 }
 
-/// Which I/O backend a store uses for its volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IoBackend {
-    /// io_uring when the kernel offers it, else pread/pwrite.
-    #[default]
-    Auto,
-    /// io_uring, or fail.
-    IoUring,
-    /// pread/pwrite.
-    Pread,
-}
-
-impl std::str::FromStr for IoBackend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(IoBackend::Auto),
-            "io_uring" | "io-uring" | "uring" => Ok(IoBackend::IoUring),
-            "pread" => Ok(IoBackend::Pread),
-            _ => Err(format!("unknown I/O backend {s:?}: use auto, io_uring or pread")),
-        }
-    }
-}
-
 /// Tuning of an open store.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Try O_DIRECT (falls back to buffered I/O where the file system refuses it).
     pub direct_io: bool,
     /// I/O backend for the volume.
-    pub io_backend: IoBackend,
+    pub io_backend: crate::device::IoBackend,
     /// Rings, queue depth and chunk size of the io_uring backend.
     pub uring: crate::device::UringConfig,
     /// Bytes of unused record buffers kept for reuse (the pool never holds more).
@@ -118,12 +94,11 @@ pub struct StoreOptions {
     pub write_queue_depth: usize,
     /// Source of the current time (TTLs, record timestamps).
     pub clock: crate::Clock,
-    /// Chooses the segment to empty when the volume is full.
-    pub reclaim_policy: std::sync::Arc<dyn crate::reclaim::ReclaimPolicy>,
+    /// Decides where blocks live: DRAM admission, and which segment a full volume reclaims
+    /// ([`crate::placement::Fifo`] by default).
+    pub placement: std::sync::Arc<dyn crate::placement::Placement>,
     /// Bytes of blocks the DRAM tier keeps in memory above the log; 0 turns it off.
     pub dram_tier_bytes: u64,
-    /// Admission and eviction policy of the DRAM tier (LRU by default).
-    pub dram_policy: crate::tier::PolicyFactory,
     /// Seconds a pin ([`crate::Store::pin`]) holds after it was last taken, so that a client
     /// that dies holding pins cannot keep segments from reclaim forever.
     pub pin_ttl_secs: u32,
@@ -133,15 +108,14 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             direct_io: true,
-            io_backend: IoBackend::Auto,
+            io_backend: crate::device::IoBackend::Auto,
             uring: crate::device::UringConfig::default(),
             buffer_pool_bytes: 256 << 20,
             checkpoint_every_segments: 8,
             write_queue_depth: 64,
             clock: crate::Clock::system(),
-            reclaim_policy: std::sync::Arc::new(crate::reclaim::OldestFirst),
+            placement: std::sync::Arc::new(crate::placement::Fifo),
             dram_tier_bytes: 0,
-            dram_policy: crate::tier::PolicyFactory::lru(),
             pin_ttl_secs: 600,
         }
     }

@@ -10,14 +10,14 @@ use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::superblock::Superblock;
 use kvhoard_format::UNIT_BYTES;
 
-use crate::checkpoint_io::CheckpointStore;
+use crate::buffer::AlignedBuf;
+use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
-use crate::index::{content_fp, key_fp, ContentEntry, Index, Loc};
+use crate::index::{content_fp, key_fp, ContentEntry, Index};
 use crate::log::scan::{read_segment, read_segment_header};
 use crate::log::seal::write_seal;
-use crate::log::{OpenSeg, SegInfo, SegState};
-use crate::AlignedBuf;
+use crate::log::{Loc, OpenSeg, SegInfo, SegState};
 
 /// What opening the volume found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub struct RecoveryReport {
 
 /// The state rebuilt from disk.
 #[derive(Debug)]
-pub struct Recovered {
+pub(crate) struct Recovered {
     /// The index.
     pub index: Index,
     /// Every segment's state.
@@ -60,7 +60,7 @@ pub struct Recovered {
 }
 
 /// Rebuilds the index and segment table of the volume on `dev`.
-pub fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointStore) -> Result<Recovered> {
+pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointStore) -> Result<Recovered> {
     let started = Instant::now();
     let mut report = RecoveryReport::default();
     let count = sb.segment_count as usize;
@@ -271,7 +271,7 @@ fn seal_recovered(
 }
 
 /// Applies one record to the index, as the store did when it wrote it.
-pub fn apply(index: &mut Index, segment: u32, e: &SummaryEntry) {
+pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry) {
     let h = &e.header;
     let Some(ns) = index.ns_id_or_insert(&h.namespace) else {
         tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
@@ -303,7 +303,7 @@ pub fn apply(index: &mut Index, segment: u32, e: &SummaryEntry) {
 }
 
 /// Unix seconds at which a record with this creation time and TTL expires; 0 = never.
-pub fn expiry(created_unix_ms: u64, ttl_secs: u32) -> u32 {
+pub(crate) fn expiry(created_unix_ms: u64, ttl_secs: u32) -> u32 {
     if ttl_secs == 0 {
         return 0;
     }

@@ -8,17 +8,36 @@ use std::path::{Path, PathBuf};
 use kvhoard_format::superblock::{self, Superblock};
 use kvhoard_format::{align_up, FormatError, UNIT_BYTES};
 
+use crate::buffer::AlignedBuf;
 use crate::device::BlockDevice;
 use crate::error::{Result, StoreError};
 use crate::options::CreateOptions;
-use crate::AlignedBuf;
 
 /// Name of the data file inside a directory volume.
-pub const DATA_FILE: &str = "volume.kvh";
+pub(crate) const DATA_FILE: &str = "volume.kvh";
+
+/// The files a volume at a path consists of, for tools that create, copy or remove volumes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeFiles {
+    /// The data file (`DIR/volume.kvh`), or the block device itself.
+    pub data: PathBuf,
+    /// The checkpoint file of a directory volume; `None` for a block device, whose checkpoints
+    /// live on the device.
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl VolumeFiles {
+    /// The files of the volume at `path` (a directory, or a block device).
+    pub fn of(path: &Path) -> VolumeFiles {
+        let paths = VolumePaths::resolve(path);
+        let checkpoint = paths.meta_dir.map(|dir| dir.join(crate::checkpoint::CHECKPOINT_FILE));
+        VolumeFiles { data: paths.data, checkpoint }
+    }
+}
 
 /// Where a volume's pieces are.
 #[derive(Debug, Clone)]
-pub struct VolumePaths {
+pub(crate) struct VolumePaths {
     /// The data file or block device.
     pub data: PathBuf,
     /// Directory for checkpoint files, or `None` for a block device (checkpoints on the device).

@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvhoard_engine::check::{check, scan_volume, ScanOptions, Severity};
-use kvhoard_engine::checkpoint_io::CheckpointStore;
+use kvhoard_engine::check::{check_device, ScanOptions, Severity};
 use kvhoard_engine::device::{CrashMode, MemDevice};
 use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
 use kvhoard_tests::{block, crash_block_len, Rng};
@@ -217,8 +216,7 @@ fn crash_under_concurrent_writers(checkpoint_every_segments: u32) {
         writers.into_iter().for_each(|w| w.join().unwrap());
         // fsck finds nothing worse than what a crash leaves (a stale checkpoint, unsealed
         // segments): no error.
-        let scan = scan_volume(image.as_ref(), ScanOptions::default(), &|_, _| {}).unwrap();
-        let report = check(image.as_ref(), &scan, &CheckpointStore::for_volume(&scan.sb, None));
+        let report = check_device(image.as_ref(), ScanOptions::default()).unwrap();
         assert_eq!(report.count(Severity::Error), 0, "iteration {iteration} ({mode:?}): {:#?}", report.problems);
         let reopened = Store::open_on(image, opts()).unwrap_or_else(|e| panic!("iteration {iteration}: {e}"));
         let get = |id: u64| {

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kvhoard_engine::check::{exit, fsck, scan_volume, FsckOptions, FsckOutcome, ScanOptions, Severity};
+use kvhoard_engine::check::{scan_volume, ScanOptions, Severity};
 use kvhoard_engine::device::FileDevice;
+use kvhoard_engine::fsck::{exit, fsck, FsckOptions, FsckOutcome};
 use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
 use kvhoard_tests::block;
 

@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvhoard_engine::{CreateOptions, Store, StoreOptions};
 use kvhoard_serve::lm::wire::{self, Command, WireMeta, NO_CHUNK, REPLY_BYTES};
@@ -480,16 +480,26 @@ fn metrics_over_http() {
         s.read_to_string(&mut out).unwrap();
         out
     };
-    let text = http("/metrics");
-    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
-    for needle in [
+    let needles = [
         "kvhoard_serve_requests_total{proto=\"lm\",op=\"put\"} 1",
         "kvhoard_serve_hits_total{proto=\"lm\",op=\"get\"} 1",
         "kvhoard_serve_sent_bytes_total{proto=\"lm\"} 2097152",
         "kvhoard_serve_connections_open{proto=\"lm\"} 1",
         "kvhoard_keys 1",
         "kvhoard_tier_hits_total{tier=\"ssd\"}",
-    ] {
+    ];
+    // A request is counted once its reply is sent, which may be just after the client has read
+    // it: scrape until the counters show it, for a bounded time.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = http("/metrics");
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        if needles.iter().all(|n| text.contains(n)) || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for needle in needles {
         assert!(text.contains(needle), "missing {needle:?}");
     }
     assert!(http("/").starts_with("HTTP/1.1 404"));

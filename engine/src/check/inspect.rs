@@ -8,12 +8,13 @@ use kvhoard_format::UNIT_BYTES;
 
 use super::scan::{HeaderState, SummaryState, VolumeScan};
 use super::{replay, scan_volume, ScanOptions};
-use crate::checkpoint_io::CheckpointStore;
+use crate::buffer::AlignedBuf;
+use crate::checkpoint::CheckpointStore;
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, is_expired, key_fp, Index, Loc};
+use crate::index::{content_fp, is_expired, key_fp, Index};
+use crate::log::Loc;
 use crate::volume::VolumePaths;
-use crate::AlignedBuf;
 
 /// A volume as read from disk: its records and the index a store would open with.
 pub struct VolumeView {
@@ -21,7 +22,7 @@ pub struct VolumeView {
     /// Every structure found.
     pub scan: VolumeScan,
     /// The index (checkpoint plus the log after it, or the log alone).
-    pub index: Index,
+    index: Index,
     /// The checkpoint used.
     pub checkpoint_seq: Option<u64>,
     /// Record location → (position of its segment in the scan, position of the record in it).
@@ -54,6 +55,17 @@ impl VolumeView {
             }
         }
         Ok(VolumeView { dev, checkpoint_seq: cp.map(|c| c.checkpoint_seq), scan, index, headers })
+    }
+
+    /// Whether the record at `loc` is its key's current record (the one a read of the key uses).
+    pub fn is_current(&self, loc: Loc) -> bool {
+        let Some(h) = self.header(loc) else { return false };
+        self.index.key(&key_fp(&h.namespace, &h.key)).is_some_and(|k| k.record == loc)
+    }
+
+    /// How many keys name the block whose record is at `loc`.
+    pub fn references(&self, loc: Loc) -> usize {
+        self.index.keys().filter(|k| self.index.content(k.content).is_some_and(|c| c.record == loc)).count()
     }
 
     /// The header of the record at `loc`.

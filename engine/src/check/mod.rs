@@ -4,9 +4,10 @@
 //! [`scan::scan_volume`] reads every structure through `format/` and notes what does not check
 //! out. [`check`] then rebuilds the index twice, from the log alone and from the checkpoint plus
 //! the log after it, compares them, and turns everything into [`Problem`]s that say where the
-//! damage is and what it means for the data. [`repair`] fixes what can be fixed.
+//! damage is and what it means for the data. [`repair`] fixes the structures; [`crate::fsck`]
+//! runs the whole check-repair-check cycle. [`inspect::VolumeView`] is the read-only view of a
+//! volume that `kvhoard inspect` reads through.
 
-pub mod fsck;
 pub mod inspect;
 pub mod repair;
 pub mod scan;
@@ -17,13 +18,13 @@ use kvhoard_format::checkpoint::Checkpoint;
 use kvhoard_format::record::RecordKind;
 use kvhoard_format::UNIT_BYTES;
 
-use crate::checkpoint_io::CheckpointStore;
+use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
-use crate::index::{key_fp, ContentFp, Index, KeyFp, Loc};
+use crate::index::{key_fp, ContentFp, Index, KeyFp};
+use crate::log::Loc;
 use crate::recovery::apply;
 use scan::{HeaderState, ScannedRecord, SegmentScan, SummaryState, VolumeScan};
 
-pub use fsck::{fsck, FsckOptions, FsckOutcome};
 pub use scan::{scan_volume, ScanError, ScanOptions};
 
 /// How bad a problem is.
@@ -95,20 +96,15 @@ impl Report {
     }
 }
 
-/// Exit codes as e2fsck defines them.
-pub mod exit {
-    /// No problems.
-    pub const CLEAN: u8 = 0;
-    /// Problems were found and all corrected.
-    pub const CORRECTED: u8 = 1;
-    /// Problems were left uncorrected.
-    pub const UNCORRECTED: u8 = 4;
-    /// The check could not run.
-    pub const OPERATIONAL: u8 = 8;
+/// Scans and checks a volume whose checkpoints live on its device (a block device, or an
+/// in-memory device in tests), without opening it as a store.
+pub fn check_device(dev: &dyn BlockDevice, opts: ScanOptions) -> Result<Report, ScanError> {
+    let scan = scan_volume(dev, opts, &|_, _| {})?;
+    Ok(check(dev, &scan, &CheckpointStore::for_volume(&scan.sb, None)))
 }
 
 /// Checks a scanned volume against its checkpoint.
-pub fn check(dev: &dyn BlockDevice, scan: &VolumeScan, checkpoints: &CheckpointStore) -> Report {
+pub(crate) fn check(dev: &dyn BlockDevice, scan: &VolumeScan, checkpoints: &CheckpointStore) -> Report {
     let mut r = Report { bytes_read: scan.bytes_read, ..Report::default() };
     superblock_problems(scan, &mut r);
     let cp = checkpoint_problems(dev, scan, checkpoints, &mut r);
@@ -146,7 +142,7 @@ pub fn check(dev: &dyn BlockDevice, scan: &VolumeScan, checkpoints: &CheckpointS
     r
 }
 
-fn problem(
+pub(crate) fn problem(
     severity: Severity,
     kind: &'static str,
     segment: Option<u32>,
@@ -245,7 +241,7 @@ fn checkpoint_problems(
 ) -> Option<Checkpoint> {
     let what = match checkpoints {
         CheckpointStore::None => return None,
-        CheckpointStore::Files { dir } => dir.join(crate::checkpoint_io::CHECKPOINT_FILE).display().to_string(),
+        CheckpointStore::Files { dir } => dir.join(crate::checkpoint::CHECKPOINT_FILE).display().to_string(),
         CheckpointStore::Slots { .. } => "the checkpoint slots".to_string(),
     };
     match checkpoints.load_verbose(dev, scan.sb.volume_id) {
@@ -268,13 +264,13 @@ fn checkpoint_problems(
         }
         Err(why) => {
             let (kind, meaning) = match why {
-                crate::checkpoint_io::LoadError::Missing => {
+                crate::checkpoint::LoadError::Missing => {
                     ("checkpoint_missing", "open replays the whole log (slower); repair writes one")
                 }
-                crate::checkpoint_io::LoadError::Foreign => {
+                crate::checkpoint::LoadError::Foreign => {
                     ("checkpoint_foreign", "it belongs to another volume and is ignored; repair replaces it")
                 }
-                crate::checkpoint_io::LoadError::Damaged(_) => {
+                crate::checkpoint::LoadError::Damaged(_) => {
                     ("checkpoint_damaged", "it is ignored and the index is rebuilt from the log; repair replaces it")
                 }
             };

@@ -1,9 +1,7 @@
-//! Repairing a volume after [`super::check`]: on-disk structures first (superblock copies,
-//! segment headers, summaries, a truncated file, checkpoints), then, through the engine itself,
-//! the keys whose blocks are damaged. Every action is reported; nothing is removed silently, and
-//! every intact block is kept.
-
-use std::path::Path;
+//! Repairing a volume's on-disk structures after [`super::check`], without the engine:
+//! superblock copies, segment headers, summaries, checkpoints. Every action is reported; nothing
+//! is removed silently, and every intact block is kept. (The keys whose blocks are damaged are
+//! deleted afterwards through the engine itself, by [`crate::fsck`].)
 
 use kvhoard_format::summary;
 use kvhoard_format::superblock::COPY_OFFSETS;
@@ -11,11 +9,11 @@ use kvhoard_format::UNIT_BYTES;
 
 use super::scan::{HeaderState, SummaryState, VolumeScan};
 use super::Report;
-use crate::checkpoint_io::CheckpointStore;
+use crate::buffer::AlignedBuf;
+use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::log::seal::write_seal;
-use crate::{AlignedBuf, Durability, ReadOptions, Store, StoreOptions};
 
 /// Fixes what can be fixed without the engine. The caller holds the volume's lock.
 pub fn repair_structures(
@@ -91,23 +89,5 @@ pub fn repair_structures(
         done.push("removed the unusable checkpoint; the index is rebuilt from the log".into());
     }
     dev.sync()?;
-    Ok(done)
-}
-
-/// Opens the volume with the engine (which replays and writes a fresh checkpoint) and deletes,
-/// durably, every key whose block is damaged and has no intact copy.
-pub fn repair_keys(path: &Path, report: &Report, deep: bool, opts: StoreOptions) -> Result<Vec<String>> {
-    let store = Store::open(path, opts)?;
-    let mut done = Vec::new();
-    for (ns, key) in &report.lost_keys {
-        if store.get(ns, key, ReadOptions { verify_hash: deep })?.is_some() {
-            continue;
-        }
-        if store.delete(ns, key, Durability::Synced)? {
-            done.push(format!("deleted key {key:?} in namespace {ns:?}: its block is damaged"));
-        }
-    }
-    store.close()?;
-    done.push("wrote a fresh checkpoint".into());
     Ok(done)
 }

@@ -9,9 +9,9 @@ use kvhoard_format::segment::SegmentHeader;
 use kvhoard_format::superblock::{self, Superblock};
 use kvhoard_format::{FormatError, UNIT_BYTES};
 
+use crate::buffer::AlignedBuf;
 use crate::device::{BlockDevice, DeviceError};
 use crate::log::scan::{check_payload, read_record_at, read_summary};
-use crate::AlignedBuf;
 
 /// The state of a segment's header.
 #[derive(Debug, Clone, PartialEq, Eq)]

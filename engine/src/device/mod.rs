@@ -95,21 +95,47 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn capabilities(&self) -> Capabilities;
 }
 
-/// Opens a volume's data file or device with the backend `opts` asks for.
+/// Which I/O backend a store uses for its volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoBackend {
+    /// io_uring when the kernel offers it, else pread/pwrite.
+    #[default]
+    Auto,
+    /// io_uring, or fail.
+    IoUring,
+    /// pread/pwrite.
+    Pread,
+}
+
+impl std::str::FromStr for IoBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(IoBackend::Auto),
+            "io_uring" | "io-uring" | "uring" => Ok(IoBackend::IoUring),
+            "pread" => Ok(IoBackend::Pread),
+            _ => Err(format!("unknown I/O backend {s:?}: use auto, io_uring or pread")),
+        }
+    }
+}
+
+/// Opens a volume's data file or device with `backend`, O_DIRECT if `direct_io` (and the file
+/// system allows it).
 pub fn open_volume(
     path: &std::path::Path,
-    opts: &crate::StoreOptions,
+    backend: IoBackend,
+    direct_io: bool,
+    uring: UringConfig,
 ) -> std::io::Result<std::sync::Arc<dyn BlockDevice>> {
-    use crate::options::IoBackend;
-    match opts.io_backend {
-        IoBackend::Pread => Ok(std::sync::Arc::new(FileDevice::open(path, opts.direct_io)?)),
-        IoBackend::IoUring => Ok(std::sync::Arc::new(UringDevice::open(path, opts.direct_io, opts.uring)?)),
-        IoBackend::Auto => match UringDevice::open(path, opts.direct_io, opts.uring) {
+    match backend {
+        IoBackend::Pread => Ok(std::sync::Arc::new(FileDevice::open(path, direct_io)?)),
+        IoBackend::IoUring => Ok(std::sync::Arc::new(UringDevice::open(path, direct_io, uring)?)),
+        IoBackend::Auto => match UringDevice::open(path, direct_io, uring) {
             Ok(dev) => Ok(std::sync::Arc::new(dev)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(e),
             Err(e) => {
                 tracing::warn!(error = %e, "io_uring is not available; using pread/pwrite");
-                Ok(std::sync::Arc::new(FileDevice::open(path, opts.direct_io)?))
+                Ok(std::sync::Arc::new(FileDevice::open(path, direct_io)?))
             }
         },
     }

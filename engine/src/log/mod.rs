@@ -1,18 +1,36 @@
-//! The log: segment states, the open segment's reservations and written watermark, and reading
-//! a segment's records back.
+//! The log: where records go, in what order, and when they count as written and durable.
 //!
-//! Space in the open segment is reserved under the store's log lock, in log order; the writes
-//! themselves run outside the lock, possibly out of order. A record is acknowledged only when
-//! every record before it in the segment has been written, so recovery, which stops at the first
-//! invalid record, never loses an acknowledged one.
+//! - [`Log`] (`writer.rs`) is the writer's state machine: segment states, the open segment's
+//!   reservations and written watermark, sealing, starting and resuming segments, freeing a
+//!   reclaimed one, and the summaries that wait for a sync. Every transition happens under its
+//!   lock, in log order; the record writes themselves run outside it, possibly out of order.
+//! - `commit.rs`: group commit, one fdatasync for every writer waiting for one.
+//! - `scan.rs` reads records back (one for a get, a whole segment for recovery and listing);
+//!   `seal.rs` writes a sealed segment's summary and trailer.
+//!
+//! A record is acknowledged only when every record before it in the segment has been written,
+//! so recovery, which stops at the first invalid record, never loses an acknowledged one.
 
-pub mod scan;
-pub mod seal;
+mod commit;
+mod open_seg;
+pub(crate) mod scan;
+pub(crate) mod seal;
+mod writer;
 
-use std::collections::BTreeSet;
+pub(crate) use commit::GroupCommit;
+pub(crate) use open_seg::OpenSeg;
+pub(crate) use writer::{Log, LogState};
 
-use kvhoard_format::summary;
 use kvhoard_format::UNIT_BYTES;
+
+/// Where a record starts: segment and unit within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Loc {
+    /// Segment index.
+    pub segment: u32,
+    /// Unit from the segment's start.
+    pub unit: u32,
+}
 
 /// A position in the log: segment use `seq`, unit within it. Later positions compare greater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -53,66 +71,24 @@ impl SegInfo {
     pub const FREE: SegInfo = SegInfo { state: SegState::Free, seq: 0, created_unix_ms: 0 };
 }
 
-/// The segment being appended to.
-#[derive(Debug)]
-pub struct OpenSeg {
-    /// Segment index.
-    pub index: u32,
-    /// Seq of this use.
-    pub seq: u64,
-    /// Next free unit.
-    pub tail: u32,
-    /// Summary entries of the records reserved so far.
-    pub summary: Vec<u8>,
-    /// Number of records reserved.
-    pub records: u32,
-    /// Start units of records reserved but not yet written.
-    pub in_flight: BTreeSet<u32>,
-}
-
-impl OpenSeg {
-    /// A fresh segment use; unit 0 holds its header.
-    pub fn new(index: u32, seq: u64) -> OpenSeg {
-        OpenSeg { index, seq, tail: 1, summary: Vec::new(), records: 0, in_flight: BTreeSet::new() }
-    }
-
-    /// Whether a record of `units` with a header of `header_len` bytes still fits, leaving room
-    /// for the summary (including its entry) and the trailer.
-    pub fn fits(&self, units: u32, header_len: usize, segment_units: u32) -> bool {
-        let summary_bytes = self.summary.len() + summary::entry_bytes(header_len);
-        let needed = u64::from(self.tail) + u64::from(units) + units_for(summary_bytes) + 1;
-        needed <= u64::from(segment_units)
-    }
-
-    /// Reserves the next `units` units for a record with the encoded header `header`.
-    pub fn reserve(&mut self, units: u32, header: &[u8]) -> u32 {
-        let unit = self.tail;
-        summary::encode_entry(&mut self.summary, unit, header);
-        self.records += 1;
-        self.tail += units;
-        self.in_flight.insert(unit);
-        unit
-    }
-
-    /// Every record that starts before `unit` has been written.
-    pub fn written_before(&self, unit: u32) -> bool {
-        self.in_flight.range(..unit).next().is_none()
-    }
-
-    /// The position through which every record has been written.
-    pub fn written_through(&self) -> Pos {
-        Pos { seq: self.seq, unit: self.in_flight.first().copied().unwrap_or(self.tail) }
-    }
-}
-
 /// Units needed for `bytes`.
-pub fn units_for(bytes: usize) -> u64 {
+pub(crate) fn units_for(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(UNIT_BYTES)
 }
 
 /// Whether a record of `units` with a header of `header_len` fits in an empty segment.
-pub fn fits_empty(units: u32, header_len: usize, segment_units: u32) -> bool {
+#[cfg(test)]
+fn fits_empty(units: u32, header_len: usize, segment_units: u32) -> bool {
     OpenSeg::new(0, 1).fits(units, header_len, segment_units)
+}
+
+/// The largest payload a record with a header of `header_len` bytes can carry in a segment of
+/// `segment_units` units: the segment less its header unit, the record's header units, the
+/// record's summary entry and the trailer unit. The one formula behind every size limit.
+pub(crate) fn max_payload_bytes(segment_units: u32, header_len: usize) -> u64 {
+    let header_units = units_for(header_len);
+    let fixed = 1 + header_units + units_for(kvhoard_format::summary::entry_bytes(header_len)) + 1;
+    u64::from(segment_units).saturating_sub(fixed) * UNIT_BYTES
 }
 
 #[cfg(test)]
@@ -120,29 +96,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reservations_leave_room_for_summary_and_trailer() {
-        let mut seg = OpenSeg::new(0, 1);
-        let header = vec![0u8; 300];
-        let units = 16;
-        let mut n = 0;
-        while seg.fits(units, header.len(), 256) {
-            seg.reserve(units, &header);
-            n += 1;
+    fn the_largest_payload_fits_and_one_unit_more_does_not() {
+        for (segment_units, header_len) in [(256u32, 300usize), (256, 4088), (256, 5000), (16384, 60_000)] {
+            let max = max_payload_bytes(segment_units, header_len);
+            let units = |payload: u64| (units_for(header_len) + payload.div_ceil(UNIT_BYTES)) as u32;
+            assert!(fits_empty(units(max), header_len, segment_units), "{segment_units} {header_len}");
+            assert!(!fits_empty(units(max + 1), header_len, segment_units), "{segment_units} {header_len}");
         }
-        assert_eq!(n, 15);
-        assert!(u64::from(seg.tail) + units_for(seg.summary.len()) < 256);
-    }
-
-    #[test]
-    fn watermark_waits_for_the_earliest_unwritten_record() {
-        let mut seg = OpenSeg::new(0, 7);
-        let a = seg.reserve(2, &[0; 200]);
-        let b = seg.reserve(2, &[0; 200]);
-        seg.in_flight.remove(&b);
-        assert!(!seg.written_before(b));
-        assert_eq!(seg.written_through(), Pos { seq: 7, unit: a });
-        seg.in_flight.remove(&a);
-        assert!(seg.written_before(b));
-        assert_eq!(seg.written_through(), Pos { seq: 7, unit: 5 });
     }
 }

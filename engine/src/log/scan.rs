@@ -7,8 +7,8 @@ use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::superblock::Superblock;
 use kvhoard_format::{FormatError, UNIT_BYTES};
 
+use crate::buffer::AlignedBuf;
 use crate::device::{BlockDevice, DeviceError};
-use crate::AlignedBuf;
 
 /// A segment's records as read back.
 #[derive(Debug)]

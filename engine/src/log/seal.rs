@@ -4,8 +4,8 @@ use kvhoard_format::segment::SummaryTrailer;
 use kvhoard_format::superblock::Superblock;
 use kvhoard_format::UNIT_BYTES;
 
+use crate::buffer::AlignedBuf;
 use crate::device::{BlockDevice, DeviceError};
-use crate::AlignedBuf;
 
 /// Writes the summary of segment `index` (use `seq`, records ending at `end_unit`) and then its
 /// trailer. Not synced: a summary that does not survive a crash is rebuilt by scanning.

@@ -1,74 +1,15 @@
-//! Counters and the `stats()` snapshot.
+//! The `stats()` snapshot: what every layer counts, in one structure.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
 
-use crate::index::Dropped;
+use super::Store;
 use crate::log::SegState;
+use crate::metrics::Metrics;
+use crate::parts::Parts;
 use crate::recovery::RecoveryReport;
-
-use super::{Inner, Store};
 use crate::tier::{TierCounters, TierStats};
-
-/// Operation counters since the store was opened.
-#[derive(Debug, Default)]
-pub(super) struct Metrics {
-    pub puts: AtomicU64,
-    pub put_bytes: AtomicU64,
-    pub dedup_hits: AtomicU64,
-    pub gets: AtomicU64,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub get_bytes: AtomicU64,
-    pub read_errors: AtomicU64,
-    pub direct_reads: AtomicU64,
-    pub deletes: AtomicU64,
-    pub evicted_keys: AtomicU64,
-    pub evicted_blocks: AtomicU64,
-    pub evicted_bytes: AtomicU64,
-    pub segments_reclaimed: AtomicU64,
-    pub pins_overridden: AtomicU64,
-    pub checkpoints: AtomicU64,
-    pub checkpoint_errors: AtomicU64,
-    pub syncs: AtomicU64,
-}
-
-impl Metrics {
-    pub(super) fn count_put(&self, h: &RecordHeader) {
-        match h.kind {
-            RecordKind::Block => {
-                self.puts.fetch_add(1, Ordering::Relaxed);
-                self.put_bytes.fetch_add(h.stored_len, Ordering::Relaxed);
-            }
-            RecordKind::Link => {
-                self.puts.fetch_add(1, Ordering::Relaxed);
-                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
-            }
-            RecordKind::Tombstone => {}
-        }
-    }
-
-    pub(super) fn count_get(&self, hit_bytes: Option<u64>) {
-        match hit_bytes {
-            Some(n) => {
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                self.get_bytes.fetch_add(n, Ordering::Relaxed);
-            }
-            None => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    pub(super) fn add_eviction(&self, d: Dropped) {
-        self.evicted_keys.fetch_add(d.keys, Ordering::Relaxed);
-        self.evicted_blocks.fetch_add(d.blocks, Ordering::Relaxed);
-        self.evicted_bytes.fetch_add(d.bytes, Ordering::Relaxed);
-        self.segments_reclaimed.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// One namespace's share of the volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,25 +86,25 @@ pub struct Stats {
 impl Store {
     /// The store's state and counters now.
     pub fn stats(&self) -> Stats {
-        let inner = &self.inner;
-        let sb = &inner.sb;
+        let parts = &self.parts;
+        let sb = &parts.log.sb;
         let (free, sealed, used_units, poisoned) = {
-            let log = inner.lock_log();
+            let state = parts.log.lock();
             let mut used = 0u64;
             let (mut free, mut sealed) = (0, 0);
-            for s in &log.segments {
+            for s in &state.segments {
                 match s.state {
                     SegState::Free => free += 1,
                     SegState::Sealed { end_unit } => {
                         sealed += 1;
                         used += u64::from(end_unit);
                     }
-                    SegState::Open => used += log.open.as_ref().map_or(1, |o| u64::from(o.tail)),
+                    SegState::Open => used += state.open.as_ref().map_or(1, |o| u64::from(o.tail)),
                 }
             }
-            (free, sealed, used, log.poisoned.clone())
+            (free, sealed, used, state.poisoned.clone())
         };
-        let index = inner.index_read();
+        let index = parts.index_read();
         let namespaces: Vec<NamespaceStats> = index
             .namespaces()
             .iter()
@@ -181,10 +122,10 @@ impl Store {
             })
             .collect();
         let sum = |f: fn(&NamespaceStats) -> u64| namespaces.iter().map(f).sum::<u64>();
-        let tiers = inner.tier_stats(sum(|n| n.stored_bytes), index.block_count());
-        let m = &inner.metrics;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let caps = inner.dev.capabilities();
+        let tiers = parts.tier_stats(sum(|n| n.stored_bytes), index.block_count());
+        let m = &parts.metrics;
+        let get = Metrics::get;
+        let caps = parts.log.dev.capabilities();
         Stats {
             capacity_bytes: u64::from(sb.segment_count) * sb.segment_size_bytes,
             segment_size_bytes: sb.segment_size_bytes,
@@ -214,21 +155,21 @@ impl Store {
             evicted_blocks: get(&m.evicted_blocks),
             evicted_bytes: get(&m.evicted_bytes),
             segments_reclaimed: get(&m.segments_reclaimed),
-            pinned_keys: inner.pins.count(inner.clock.now_unix_ms()),
+            pinned_keys: parts.pins.count(parts.clock.now_unix_ms()),
             pins_overridden: get(&m.pins_overridden),
-            checkpoints: get(&m.checkpoints),
-            checkpoint_errors: get(&m.checkpoint_errors),
-            syncs: get(&m.syncs),
+            checkpoints: parts.checkpoints.written(),
+            checkpoint_errors: parts.checkpoints.failed(),
+            syncs: parts.log.syncs(),
             device_backend: caps.backend.to_string(),
             direct_io: caps.direct_io,
-            recovery: inner.recovery.clone(),
+            recovery: parts.recovery.clone(),
             tiers,
             poisoned,
         }
     }
 }
 
-impl Inner {
+impl Parts {
     fn tier_stats(&self, live_bytes: u64, blocks: u64) -> Vec<TierStats> {
         let counted = |tier: &str, c: &TierCounters| {
             let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -244,22 +185,22 @@ impl Inner {
             }
         };
         let mut tiers = Vec::with_capacity(2);
-        if let Some(dram) = &self.dram {
+        if let Some(dram) = &self.tiers.dram {
             let (resident_bytes, entries) = dram.resident();
             tiers.push(TierStats {
                 capacity_bytes: dram.capacity(),
                 resident_bytes,
                 entries,
-                load_latency: self.dram_latency.summary(),
+                load_latency: self.tiers.dram_latency.summary(),
                 ..counted("dram", &dram.counters)
             });
         }
         let mut ssd = TierStats {
-            capacity_bytes: u64::from(self.sb.segment_count) * self.sb.segment_size_bytes,
+            capacity_bytes: u64::from(self.log.sb.segment_count) * self.log.sb.segment_size_bytes,
             resident_bytes: live_bytes,
             entries: blocks,
-            load_latency: self.ssd_latency.summary(),
-            ..counted("ssd", &self.ssd)
+            load_latency: self.tiers.ssd_latency.summary(),
+            ..counted("ssd", &self.tiers.ssd)
         };
         // Every block put is on the log; evictions from the log are reclaimed segments' blocks.
         ssd.admitted =

@@ -370,10 +370,22 @@ impl BlockDevice for SlowDevice {
 #[derive(Debug)]
 struct ChosenVictim(Arc<std::sync::atomic::AtomicU32>);
 
-impl crate::reclaim::ReclaimPolicy for ChosenVictim {
-    fn choose_victim(&self, sealed: &[crate::reclaim::SegmentView]) -> Option<u32> {
+impl crate::placement::Placement for ChosenVictim {
+    fn on_put(&self, block: &crate::placement::BlockInfo<'_>) -> crate::placement::PutPlan {
+        crate::placement::Fifo.on_put(block)
+    }
+
+    fn on_load(&self, block: &crate::placement::BlockInfo<'_>) -> bool {
+        crate::placement::Fifo.on_load(block)
+    }
+
+    fn victim(&self, sealed: &[crate::placement::SegmentView]) -> u32 {
         let chosen = self.0.load(std::sync::atomic::Ordering::Relaxed);
-        sealed.iter().find(|s| s.index == chosen).or_else(|| sealed.iter().min_by_key(|s| s.seq)).map(|s| s.index)
+        if sealed.iter().any(|s| s.index == chosen) {
+            chosen
+        } else {
+            crate::placement::Fifo.victim(sealed)
+        }
     }
 }
 
@@ -381,7 +393,7 @@ impl crate::reclaim::ReclaimPolicy for ChosenVictim {
 fn reclaiming_a_newer_segment_never_brings_back_an_older_version() {
     let dev = Arc::new(MemDevice::new(SEG * 7));
     let chosen = Arc::new(std::sync::atomic::AtomicU32::new(u32::MAX));
-    let opts = StoreOptions { reclaim_policy: Arc::new(ChosenVictim(chosen.clone())), ..StoreOptions::default() };
+    let opts = StoreOptions { placement: Arc::new(ChosenVictim(chosen.clone())), ..StoreOptions::default() };
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
     let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
     let segment_of = |key: &str| s.get("default", key, ReadOptions::default()).unwrap().unwrap().meta.location.segment;
@@ -617,7 +629,7 @@ fn get_into_reads_large_blocks_straight_into_an_aligned_buffer() {
     let (dev, s) = mem_store(8);
     let unit = 4096;
     // Whole units, a partial last unit, and the smallest size read this way.
-    let sizes = [256 * 1024, 256 * 1024 + 100, super::read::DIRECT_READ_MIN_BYTES, 300_001];
+    let sizes = [256 * 1024, 256 * 1024 + 100, super::DIRECT_READ_MIN_BYTES, 300_001];
     for (i, &len) in sizes.iter().enumerate() {
         s.put("default", &format!("k{i}"), &block(i as u64, len), &synced()).unwrap();
     }

@@ -6,8 +6,9 @@ use std::sync::Mutex;
 
 use hashbrown::HashMap;
 
-use super::policy::{Origin, PolicyFactory, TierPolicy};
-use crate::index::{ContentFp, Loc};
+use super::lru::Lru;
+use crate::index::ContentFp;
+use crate::log::Loc;
 
 /// Shards hold at least this much, so that large blocks still fit in one.
 const MIN_SHARD_BYTES: u64 = 512 << 20;
@@ -37,7 +38,7 @@ struct Entry<V> {
 #[derive(Debug)]
 struct Shard<V> {
     entries: HashMap<ContentFp, Entry<V>>,
-    policy: Box<dyn TierPolicy>,
+    lru: Lru,
     bytes: u64,
     capacity: u64,
 }
@@ -52,14 +53,14 @@ pub struct DramTier<V> {
 }
 
 impl<V: Clone> DramTier<V> {
-    /// A tier holding at most `capacity` bytes, with one `policy` per shard.
-    pub fn new(capacity: u64, policy: &PolicyFactory) -> DramTier<V> {
+    /// A tier holding at most `capacity` bytes, evicting the least recently used.
+    pub fn new(capacity: u64) -> DramTier<V> {
         let n = (capacity / MIN_SHARD_BYTES).clamp(1, MAX_SHARDS);
         let shards = (0..n)
             .map(|i| {
                 // Spread the remainder so the shards add up to exactly `capacity`.
                 let share = capacity / n + u64::from(i < capacity % n);
-                Mutex::new(Shard { entries: HashMap::new(), policy: policy.make(), bytes: 0, capacity: share })
+                Mutex::new(Shard { entries: HashMap::new(), lru: Lru::default(), bytes: 0, capacity: share })
             })
             .collect();
         DramTier { shards, capacity, counters: TierCounters::default() }
@@ -81,7 +82,7 @@ impl<V: Clone> DramTier<V> {
                 return None;
             }
             let value = entry.value.clone();
-            shard.policy.touched(fp);
+            shard.lru.touched(fp);
             Some(value)
         });
         match found {
@@ -102,13 +103,14 @@ impl<V: Clone> DramTier<V> {
         shard.entries.get(fp).filter(|e| e.loc == loc).map(|e| e.value.clone())
     }
 
-    /// Offers the record at `loc` holding `fp` to the tier; returns whether it is now resident.
-    /// Evicts what the policy chooses to make room. Values leaving the tier are dropped after
-    /// the shard's lock is released (dropping the last handle to a buffer may free memory).
-    pub fn insert(&self, fp: ContentFp, loc: Loc, bytes: u64, value: V, origin: Origin) -> bool {
+    /// Puts the record at `loc` holding `fp` in the tier (placement decided it should be here);
+    /// returns whether it is now resident. Evicts the least recently used to make room. Values
+    /// leaving the tier are dropped after the shard's lock is released (dropping the last handle
+    /// to a buffer may free memory).
+    pub fn insert(&self, fp: ContentFp, loc: Loc, bytes: u64, value: V) -> bool {
         let mut evicted = Vec::new();
         let resident = match self.shard(&fp) {
-            Some(mut shard) => shard.insert(fp, loc, bytes, value, origin, &mut evicted),
+            Some(mut shard) => shard.insert(fp, loc, bytes, value, &mut evicted),
             None => false,
         };
         let c = &self.counters;
@@ -157,20 +159,20 @@ impl<V: Clone> DramTier<V> {
 }
 
 impl<V> Shard<V> {
-    fn insert(&mut self, fp: ContentFp, loc: Loc, bytes: u64, value: V, origin: Origin, evicted: &mut Vec<V>) -> bool {
+    fn insert(&mut self, fp: ContentFp, loc: Loc, bytes: u64, value: V, evicted: &mut Vec<V>) -> bool {
         if let Some(entry) = self.entries.get_mut(&fp) {
             if entry.loc == loc {
-                self.policy.touched(&fp);
+                self.lru.touched(&fp);
                 return true;
             }
             // A stale copy (older record of the same bytes): replace it below.
             evicted.extend(self.take(&fp));
         }
-        if bytes > self.capacity || !self.policy.admit(&fp, bytes, origin) {
+        if bytes > self.capacity {
             return false;
         }
         while self.bytes + bytes > self.capacity {
-            let Some(victim) = self.policy.victim() else { return false };
+            let Some(victim) = self.lru.victim() else { return false };
             if let Some(e) = self.entries.remove(&victim) {
                 self.bytes -= e.bytes;
                 evicted.push(e.value);
@@ -178,14 +180,14 @@ impl<V> Shard<V> {
         }
         self.entries.insert(fp, Entry { loc, bytes, value });
         self.bytes += bytes;
-        self.policy.inserted(fp, bytes);
+        self.lru.inserted(fp);
         true
     }
 
     fn take(&mut self, fp: &ContentFp) -> Option<V> {
         let e = self.entries.remove(fp)?;
         self.bytes -= e.bytes;
-        self.policy.removed(fp);
+        self.lru.removed(fp);
         Some(e.value)
     }
 }
@@ -209,25 +211,25 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used_within_capacity() {
-        let tier: DramTier<u32> = DramTier::new(300, &PolicyFactory::lru());
-        assert!(tier.insert(fp(1), loc(0, 1), 100, 1, Origin::Put));
-        assert!(tier.insert(fp(2), loc(0, 2), 100, 2, Origin::Put));
-        assert!(tier.insert(fp(3), loc(0, 3), 100, 3, Origin::Put));
+        let tier: DramTier<u32> = DramTier::new(300);
+        assert!(tier.insert(fp(1), loc(0, 1), 100, 1));
+        assert!(tier.insert(fp(2), loc(0, 2), 100, 2));
+        assert!(tier.insert(fp(3), loc(0, 3), 100, 3));
         assert_eq!(tier.get(&fp(1), loc(0, 1)), Some(1)); // 2 is now the oldest
-        assert!(tier.insert(fp(4), loc(0, 4), 100, 4, Origin::Load));
+        assert!(tier.insert(fp(4), loc(0, 4), 100, 4));
         assert_eq!(tier.get(&fp(2), loc(0, 2)), None);
         assert_eq!(tier.get(&fp(1), loc(0, 1)), Some(1));
         assert_eq!(tier.resident(), (300, 3));
         assert_eq!(tier.counters.evictions.load(Ordering::Relaxed), 1);
-        assert!(!tier.insert(fp(5), loc(0, 5), 301, 5, Origin::Put), "larger than the tier");
+        assert!(!tier.insert(fp(5), loc(0, 5), 301, 5), "larger than the tier");
     }
 
     #[test]
     fn a_copy_of_another_record_is_not_served() {
-        let tier: DramTier<u32> = DramTier::new(1000, &PolicyFactory::lru());
-        tier.insert(fp(1), loc(3, 1), 100, 1, Origin::Put);
+        let tier: DramTier<u32> = DramTier::new(1000);
+        tier.insert(fp(1), loc(3, 1), 100, 1);
         assert_eq!(tier.get(&fp(1), loc(4, 1)), None, "the index now names another record");
-        tier.insert(fp(1), loc(4, 1), 100, 2, Origin::Load);
+        tier.insert(fp(1), loc(4, 1), 100, 2);
         assert_eq!(tier.get(&fp(1), loc(4, 1)), Some(2));
         tier.drop_segment(4);
         assert_eq!(tier.get(&fp(1), loc(4, 1)), None);
@@ -239,13 +241,13 @@ mod tests {
         /// that record, and a removed or dropped block is never served.
         #[test]
         fn never_over_capacity_never_stale(ops in proptest::collection::vec((0u8..4, 0u8..10, 1u64..400, 0u32..3), 1..300)) {
-            let tier: DramTier<(u8, u32)> = DramTier::new(1000, &PolicyFactory::lru());
+            let tier: DramTier<(u8, u32)> = DramTier::new(1000);
             let mut live: StdMap<u8, u32> = StdMap::new(); // what the "index" names: fp → segment
             for (op, n, bytes, seg) in ops {
                 match op {
                     0 => {
                         live.insert(n, seg);
-                        tier.insert(fp(n), loc(seg, u32::from(n)), bytes, (n, seg), Origin::Put);
+                        tier.insert(fp(n), loc(seg, u32::from(n)), bytes, (n, seg));
                     }
                     1 => {
                         let want = live.get(&n).copied().unwrap_or(seg);

@@ -3,15 +3,18 @@
 //!
 //! The log on the device is the source of truth. The DRAM tier only ever holds copies of records
 //! that are on the log (or on their way to it), so evicting from DRAM loses nothing, and a cached
-//! copy is served only while the index still points at the record it was read from.
+//! copy is served only while the index still points at the record it was read from. Which
+//! blocks enter it is placement's decision ([`crate::placement`]); when it is full it evicts the
+//! least recently used.
 
+mod cached;
 mod dram;
 mod latency;
-mod policy;
+mod lru;
 
+pub(crate) use cached::{DramRead, Tiers};
 pub use dram::{DramTier, TierCounters};
 pub use latency::{LatencyHistogram, LatencySummary};
-pub use policy::{Lru, Origin, PolicyFactory, TierPolicy};
 
 /// What one tier reports in [`crate::Stats`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -32,7 +35,7 @@ pub struct TierStats {
     pub hit_bytes: u64,
     /// Blocks admitted (DRAM: copies taken on put or on a load from the log).
     pub admitted: u64,
-    /// Blocks the admission policy turned away, or too large for the tier.
+    /// Blocks placement turned away, or too large for the tier.
     pub rejected: u64,
     /// Blocks evicted to make room.
     pub evictions: u64,

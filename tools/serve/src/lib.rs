@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvhoard_engine::pool::BufferPool;
+use kvhoard_engine::buffer::BufferPool;
 use kvhoard_engine::{Block, Durability, ReadOptions, Resident, Store};
 use thiserror::Error;
 use tokio::net::TcpListener;

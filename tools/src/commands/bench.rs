@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget};
-use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions, VolumeFiles};
 use serde_json::json;
 
 use crate::size::human;
@@ -66,7 +66,7 @@ pub enum Workload {
 
 pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
     ensure!(
-        !dir.join(kvhoard_engine::volume::DATA_FILE).exists(),
+        !VolumeFiles::of(dir).data.exists(),
         "{} already holds a volume; bench needs a fresh directory",
         dir.display()
     );
@@ -75,8 +75,11 @@ pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
         Workload::Restart => restart(dir, args),
     };
     if !args.keep {
-        let _ = std::fs::remove_file(dir.join(kvhoard_engine::volume::DATA_FILE));
-        let _ = std::fs::remove_file(dir.join(kvhoard_engine::checkpoint_io::CHECKPOINT_FILE));
+        let files = VolumeFiles::of(dir);
+        let _ = std::fs::remove_file(&files.data);
+        if let Some(checkpoint) = &files.checkpoint {
+            let _ = std::fs::remove_file(checkpoint);
+        }
         let _ = std::fs::remove_dir(dir);
     }
     let report = result?;
@@ -337,7 +340,9 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let from_checkpoint = t.elapsed();
     ensure!(store.stats().keys == a.blocks, "reopen from the checkpoint found {} keys", store.stats().keys);
     drop(store);
-    std::fs::remove_file(dir.join(kvhoard_engine::checkpoint_io::CHECKPOINT_FILE))?;
+    if let Some(checkpoint) = VolumeFiles::of(dir).checkpoint {
+        std::fs::remove_file(checkpoint)?;
+    }
     let t = Instant::now();
     let store = Store::open(dir, opts)?;
     let from_log = t.elapsed();

@@ -98,7 +98,7 @@ impl Demo<'_> {
         drop(store);
 
         // Forget the checkpoint: the log alone must rebuild the same index.
-        let checkpoint = self.dir.join(kvhoard_engine::checkpoint_io::CHECKPOINT_FILE);
+        let checkpoint = kvhoard_engine::VolumeFiles::of(self.dir).checkpoint.context("a directory volume")?;
         std::fs::remove_file(&checkpoint).with_context(|| format!("cannot remove {}", checkpoint.display()))?;
         let t = Instant::now();
         let store = Store::open(self.dir, StoreOptions::default())?;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvhoard_engine::check::{exit, fsck, FsckOptions, Problem, Report, Severity};
+use kvhoard_engine::check::{Problem, Report, Severity};
+use kvhoard_engine::fsck::{exit, fsck, FsckOptions};
 use kvhoard_engine::StoreOptions;
 use serde_json::json;
 

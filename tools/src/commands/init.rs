@@ -13,7 +13,7 @@ pub fn run(
     json: bool,
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
-    let is_dir = kvhoard_engine::volume::VolumePaths::resolve(volume).meta_dir.is_some();
+    let is_dir = kvhoard_engine::VolumeFiles::of(volume).checkpoint.is_some();
     let capacity = match (capacity, is_dir) {
         (Some(c), _) => Some(c),
         (None, true) => anyhow::bail!("a directory volume needs --capacity (for example --capacity 10GiB)"),

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use kvhoard_engine::check::inspect::{codec_name, kind_name, VolumeView};
 use kvhoard_engine::check::scan::{HeaderState, SummaryState};
-use kvhoard_engine::index::Loc;
 use kvhoard_engine::Clock;
+use kvhoard_engine::Loc;
 use serde_json::json;
 
 use super::hex;
@@ -144,8 +144,7 @@ fn segment(view: &VolumeView, index: u32, json: bool) {
     for rec in &seg.records {
         let h = &rec.header;
         let loc = Loc { segment: index, unit: rec.unit };
-        let live =
-            view.index.key(&kvhoard_engine::index::key_fp(&h.namespace, &h.key)).is_some_and(|k| k.record == loc);
+        let live = view.is_current(loc);
         if json {
             println!(
                 "{}",
@@ -175,8 +174,7 @@ fn block(view: &VolumeView, namespace: &str, key: &str, json: bool) -> anyhow::R
     };
     let h = view.header(found.block).context("the block's record is not in any segment summary")?.clone();
     let (_, _, computed) = view.read_record(found.block)?;
-    let keys_naming =
-        view.index.keys().filter(|k| view.index.content(k.content).is_some_and(|c| c.record == found.block)).count();
+    let keys_naming = view.references(found.block);
     let out = json!({
         "namespace": h.namespace,
         "key": found.key,

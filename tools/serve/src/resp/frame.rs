@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kvhoard_engine::pool::{BufferPool, PooledBuf};
+use kvhoard_engine::buffer::{BufferPool, PooledBuf};
 use std::sync::Arc;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead};
 

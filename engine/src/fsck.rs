@@ -1,16 +1,34 @@
-//! `fsck`: check a volume, optionally repair it and check it again.
+//! `fsck`: check a volume, optionally repair it, and check it again.
+//!
+//! The one place that uses both the checker and the engine, by design: [`crate::check`] finds
+//! problems and repairs on-disk structures reading the format directly (so it works on a volume
+//! the engine refuses to open); deleting the keys whose blocks are damaged is a write like any
+//! other, so it goes through [`Store`], which also replays the log and writes a fresh
+//! checkpoint. Exit codes are e2fsck's ([`exit`]).
 
 use std::path::Path;
 
 use kvhoard_format::UNIT_BYTES;
 
-use super::repair::{repair_keys, repair_structures};
-use super::{check, exit, problem, scan_volume, Report, ScanOptions, Severity};
-use crate::checkpoint_io::CheckpointStore;
+use crate::check::repair::repair_structures;
+use crate::check::{check, problem, scan_volume, Report, ScanError, ScanOptions, Severity};
+use crate::checkpoint::CheckpointStore;
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Result, StoreError};
 use crate::volume::{self, VolumePaths};
-use crate::StoreOptions;
+use crate::{Durability, ReadOptions, Store, StoreOptions};
+
+/// Exit codes as e2fsck defines them.
+pub mod exit {
+    /// No problems.
+    pub const CLEAN: u8 = 0;
+    /// Problems were found and all corrected.
+    pub const CORRECTED: u8 = 1;
+    /// Problems were left uncorrected.
+    pub const UNCORRECTED: u8 = 4;
+    /// The check could not run.
+    pub const OPERATIONAL: u8 = 8;
+}
 
 /// What fsck does.
 #[derive(Debug, Clone, Default)]
@@ -88,16 +106,17 @@ fn check_once(paths: &VolumePaths, opts: &FsckOptions, progress: &dyn Fn(u64, u6
 }
 
 fn open_device(paths: &VolumePaths, opts: &FsckOptions) -> Result<std::sync::Arc<dyn BlockDevice>> {
-    crate::device::open_volume(&paths.data, &opts.store).map_err(|source| StoreError::File {
+    let s = &opts.store;
+    crate::device::open_volume(&paths.data, s.io_backend, s.direct_io, s.uring).map_err(|source| StoreError::File {
         action: "cannot open",
         path: paths.data.clone(),
         source,
     })
 }
 
-fn scan_error(path: &Path) -> impl Fn(super::ScanError) -> StoreError + '_ {
+fn scan_error(path: &Path) -> impl Fn(ScanError) -> StoreError + '_ {
     move |e| match e {
-        super::ScanError::Device(d) => StoreError::Device(d),
+        ScanError::Device(d) => StoreError::Device(d),
         e => StoreError::NotAVolume { path: path.to_path_buf(), reason: e.to_string() },
     }
 }
@@ -112,7 +131,7 @@ fn extend_truncated(paths: &VolumePaths) -> Result<Option<String>> {
         path: paths.data.clone(),
         source,
     })?;
-    let Ok((sb, _)) = super::scan::read_superblocks(&dev) else { return Ok(None) };
+    let Ok((sb, _)) = crate::check::scan::read_superblocks(&dev) else { return Ok(None) };
     let len = dev.capacity_bytes();
     if sb.capacity_bytes <= len {
         return Ok(None);
@@ -132,4 +151,22 @@ fn extend_truncated(paths: &VolumePaths) -> Result<Option<String>> {
         sb.capacity_bytes,
         (sb.capacity_bytes - len) / UNIT_BYTES
     )))
+}
+
+/// Opens the volume with the engine (which replays and writes a fresh checkpoint) and deletes,
+/// durably, every key whose block is damaged and has no intact copy.
+fn repair_keys(path: &Path, report: &Report, deep: bool, opts: StoreOptions) -> Result<Vec<String>> {
+    let store = Store::open(path, opts)?;
+    let mut done = Vec::new();
+    for (ns, key) in &report.lost_keys {
+        if store.get(ns, key, ReadOptions { verify_hash: deep })?.is_some() {
+            continue;
+        }
+        if store.delete(ns, key, Durability::Synced)? {
+            done.push(format!("deleted key {key:?} in namespace {ns:?}: its block is damaged"));
+        }
+    }
+    store.close()?;
+    done.push("wrote a fresh checkpoint".into());
+    Ok(done)
 }

@@ -10,9 +10,10 @@
 //! the same time shares the flush, and the summaries of sealed segments are written after it),
 //! then writes the checkpoint.
 //!
-//! The thread holds only a weak reference to the store, so a store dropped without `close`
-//! (a panicking caller) still goes away; `close` stops it and waits for it before writing the
-//! last checkpoint, so nothing is written to a volume after its lock is released.
+//! The thread holds only weak references to the log and the checkpoints, so a store dropped
+//! without `close` (a panicking caller) still goes away; `close` stops it and waits for it
+//! before writing the last checkpoint, so nothing is written to a volume after its lock is
+//! released.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Weak};
@@ -20,46 +21,45 @@ use std::thread::JoinHandle;
 
 use kvhoard_format::checkpoint::Checkpoint;
 
+use super::Checkpoints;
 use crate::error::Result;
-use crate::log::Pos;
-
-use super::Inner;
+use crate::log::{Log, Pos};
 
 /// A snapshot and the log position through which it describes records.
 #[derive(Debug)]
-pub(super) struct Job {
-    pub(super) cp: Checkpoint,
-    pub(super) through: Pos,
+pub(crate) struct Job {
+    pub(crate) cp: Checkpoint,
+    pub(crate) through: Pos,
 }
 
 /// Starts the thread; snapshots sent on the returned channel are written in order, a newer one
 /// superseding any that has not been started yet.
-pub(super) fn spawn(inner: Weak<Inner>) -> Result<(Sender<Job>, JoinHandle<()>)> {
+pub(crate) fn spawn(log: Weak<Log>, checkpoints: Weak<Checkpoints>) -> Result<(Sender<Job>, JoinHandle<()>)> {
     let (tx, rx) = channel::<Job>();
-    let handle = super::spawn_thread("kvhoard-checkpoint", move || run(&inner, &rx))?;
+    let handle = crate::thread::spawn("kvhoard-checkpoint", move || run(&log, &checkpoints, &rx))?;
     Ok((tx, handle))
 }
 
-fn run(inner: &Weak<Inner>, rx: &Receiver<Job>) {
+fn run(log: &Weak<Log>, checkpoints: &Weak<Checkpoints>, rx: &Receiver<Job>) {
     while let Ok(mut job) = rx.recv() {
         // Only the newest snapshot matters: it describes everything an older one does.
         while let Ok(newer) = rx.try_recv() {
             job = newer;
         }
-        let Some(inner) = inner.upgrade() else { return };
-        write(&inner, &job);
+        let (Some(log), Some(checkpoints)) = (log.upgrade(), checkpoints.upgrade()) else { return };
+        write(&log, &checkpoints, &job);
     }
 }
 
-fn write(inner: &Arc<Inner>, job: &Job) {
-    if let Err(e) = inner.sync.sync_to(job.through, inner) {
+fn write(log: &Arc<Log>, checkpoints: &Arc<Checkpoints>, job: &Job) {
+    if let Err(e) = log.sync_to(job.through) {
         // The store is poisoned (a failed sync); every later write reports it.
         tracing::error!(error = %e, "sync before a checkpoint failed; checkpoint not written");
         return;
     }
-    if let Err(e) = inner.save_checkpoint(&job.cp) {
+    if let Err(e) = checkpoints.save(log, &job.cp) {
         // The log is the source of truth: without this checkpoint the next open replays more.
-        inner.metrics.checkpoint_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        checkpoints.count_failure();
         tracing::error!(error = %e, "cannot write a checkpoint; the next open will replay more of the log");
     }
 }

@@ -11,51 +11,18 @@
 //! The index is changed in log order only (under the log's lock), so replaying the log from a
 //! checkpoint rebuilds exactly the index that was in memory.
 
+mod fingerprint;
+
 use hashbrown::HashTable;
 use std::collections::HashMap;
 
 use kvhoard_format::checkpoint as ckpt;
 
-/// Fingerprint of a (namespace, key) pair.
-pub type KeyFp = [u8; 16];
-/// Fingerprint of a (namespace, content hash) pair: identical bytes in one namespace share it.
-pub type ContentFp = [u8; 16];
+use fingerprint::hash_of;
+pub use fingerprint::KeyId;
+pub(crate) use fingerprint::{content_fp, key_fp, ContentFp, KeyFp};
 
-/// Where a record starts: segment and unit within it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Loc {
-    /// Segment index.
-    pub segment: u32,
-    /// Unit from the segment's start.
-    pub unit: u32,
-}
-
-/// Fingerprint of a key in a namespace.
-pub fn key_fp(namespace: &str, key: &str) -> KeyFp {
-    fp(&[namespace.as_bytes(), &[0], key.as_bytes()])
-}
-
-/// Fingerprint of a content hash in a namespace. Namespaces never share a fingerprint, so they
-/// never share storage.
-pub fn content_fp(namespace: &str, hash: &[u8; 32]) -> ContentFp {
-    fp(&[namespace.as_bytes(), &[1], hash])
-}
-
-fn fp(parts: &[&[u8]]) -> [u8; 16] {
-    let mut h = blake3::Hasher::new();
-    parts.iter().for_each(|p| {
-        h.update(p);
-    });
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
-    out
-}
-
-fn hash_of(fp: &[u8; 16]) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&fp[..8]);
-    u64::from_le_bytes(b)
-}
+use crate::log::Loc;
 
 /// A key's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,8 +72,10 @@ pub struct NsCounters {
 }
 
 /// What removing a segment's blocks dropped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Dropped {
+    /// The keys that no longer resolve.
+    pub key_ids: Vec<KeyId>,
     /// Keys that no longer resolve.
     pub keys: u64,
     /// Blocks removed.
@@ -241,6 +210,7 @@ impl Index {
             let gone = k.record.segment == segment || content.as_ref().is_none_or(|c| c.record.segment == segment);
             if gone {
                 dropped.keys += 1;
+                dropped.key_ids.push(KeyId(k.fp));
                 if let Some(c) = content {
                     if let Some(n) = counters.get_mut(usize::from(k.ns)) {
                         n.keys -= 1;
@@ -504,8 +474,11 @@ mod tests {
         ix.apply_block(key_fp("default", "b"), block(ns, c2, loc(1, 1), 2, 10), 0);
         assert!(ix.apply_link(ns, key_fp("default", "c"), c1, loc(1, 3), 0));
         assert!(ix.apply_link(ns, key_fp("default", "d"), c2, loc(0, 3), 0));
-        let d = ix.drop_segment(0);
-        assert_eq!(d, Dropped { keys: 3, blocks: 1, bytes: 10 });
+        let mut d = ix.drop_segment(0);
+        d.key_ids.sort();
+        let mut gone: Vec<KeyId> = ["a", "c", "d"].iter().map(|k| KeyId::new("default", k)).collect();
+        gone.sort();
+        assert_eq!(d, Dropped { key_ids: gone, keys: 3, blocks: 1, bytes: 10 });
         assert!(ix.key(&key_fp("default", "b")).is_some());
         assert_eq!(ix.block_count(), 1);
         assert_eq!(ix.counters(ns).keys, 1);

@@ -7,13 +7,12 @@
 
 use std::sync::{Condvar, Mutex};
 
+use super::{Log, Pos};
 use crate::error::{Result, StoreError};
-use crate::log::Pos;
 
-use super::Inner;
-
+/// The group commit of one log.
 #[derive(Debug, Default)]
-pub(super) struct GroupCommit {
+pub(crate) struct GroupCommit {
     state: Mutex<SyncState>,
     done: Condvar,
 }
@@ -27,7 +26,7 @@ struct SyncState {
 
 impl GroupCommit {
     /// Returns once everything up to `target` is durable.
-    pub(super) fn sync_to(&self, target: Pos, inner: &Inner) -> Result<()> {
+    pub(crate) fn sync_to(&self, target: Pos, log: &Log) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(reason) = &state.failed {
@@ -42,13 +41,12 @@ impl GroupCommit {
             }
             state.leader = true;
             drop(state);
-            let (through, sealed) = inner.sync_point();
-            let result = inner.dev.sync();
-            inner.metrics.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (through, sealed) = log.sync_point();
+            let result = log.sync_device();
             if result.is_ok() {
                 // Segments sealed before this sync began are durable now: their summaries may
                 // be written (a failure poisons the store, and the next put reports it).
-                let _ = inner.summarize(&sealed);
+                let _ = log.summarize(&sealed);
             }
             state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.leader = false;
@@ -59,7 +57,7 @@ impl GroupCommit {
                     // nothing written so far can be called durable any more.
                     let reason = e.to_string();
                     state.failed = Some(reason.clone());
-                    inner.poison(&mut inner.lock_log(), reason);
+                    log.poison(&mut log.lock(), reason);
                 }
             }
             self.done.notify_all();

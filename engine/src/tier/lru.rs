@@ -1,72 +1,15 @@
-//! Admission and eviction policies of the DRAM tier.
+//! Least-recently-used order: which block the DRAM tier evicts next.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use hashbrown::HashMap;
 
 use crate::index::ContentFp;
 
-/// Why a block is offered to the tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// It was just put.
-    Put,
-    /// It was just loaded from the log to serve a get.
-    Load,
-}
-
-/// Decides what the DRAM tier admits and what it evicts. One instance serves one shard of the
-/// tier and is called under that shard's lock, so it needs no synchronisation of its own; its
-/// calls must be cheap.
-pub trait TierPolicy: Send + std::fmt::Debug {
-    /// Whether to admit a block of `bytes` bytes that is not in the tier.
-    fn admit(&mut self, fp: &ContentFp, bytes: u64, origin: Origin) -> bool;
-    /// A block was inserted.
-    fn inserted(&mut self, fp: ContentFp, bytes: u64);
-    /// A resident block was served (or offered again).
-    fn touched(&mut self, fp: &ContentFp);
-    /// A block left the tier for a reason other than [`TierPolicy::victim`].
-    fn removed(&mut self, fp: &ContentFp);
-    /// The block to evict next, removed from the policy's bookkeeping; `None` if it tracks none.
-    fn victim(&mut self) -> Option<ContentFp>;
-}
-
-/// Makes one policy per shard.
-#[derive(Clone)]
-pub struct PolicyFactory(Arc<dyn Fn() -> Box<dyn TierPolicy> + Send + Sync>);
-
-impl PolicyFactory {
-    /// A factory calling `make` for every shard.
-    pub fn new(make: impl Fn() -> Box<dyn TierPolicy> + Send + Sync + 'static) -> PolicyFactory {
-        PolicyFactory(Arc::new(make))
-    }
-
-    /// Least recently used: admits everything, evicts the block served longest ago.
-    pub fn lru() -> PolicyFactory {
-        PolicyFactory::new(|| Box::new(Lru::default()))
-    }
-
-    pub(crate) fn make(&self) -> Box<dyn TierPolicy> {
-        (self.0)()
-    }
-}
-
-impl Default for PolicyFactory {
-    fn default() -> Self {
-        PolicyFactory::lru()
-    }
-}
-
-impl std::fmt::Debug for PolicyFactory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PolicyFactory")
-    }
-}
-
-/// Least recently used, by a use counter: `order` maps tick → block, oldest first.
+/// Least recently used, by a use counter: `order` maps tick → block, oldest first. One per
+/// shard of the tier, called under that shard's lock.
 #[derive(Debug, Default)]
-pub struct Lru {
+pub(crate) struct Lru {
     tick: u64,
     last_use: HashMap<ContentFp, u64>,
     order: BTreeMap<u64, ContentFp>,
@@ -82,28 +25,28 @@ impl Lru {
     }
 }
 
-impl TierPolicy for Lru {
-    fn admit(&mut self, _: &ContentFp, _: u64, _: Origin) -> bool {
-        true
-    }
-
-    fn inserted(&mut self, fp: ContentFp, _: u64) {
+impl Lru {
+    /// A block was inserted: it is the most recently used.
+    pub(crate) fn inserted(&mut self, fp: ContentFp) {
         self.stamp(fp);
     }
 
-    fn touched(&mut self, fp: &ContentFp) {
+    /// A resident block was served (or offered again).
+    pub(crate) fn touched(&mut self, fp: &ContentFp) {
         if self.last_use.contains_key(fp) {
             self.stamp(*fp);
         }
     }
 
-    fn removed(&mut self, fp: &ContentFp) {
+    /// A block left the tier for a reason other than [`Lru::victim`].
+    pub(crate) fn removed(&mut self, fp: &ContentFp) {
         if let Some(tick) = self.last_use.remove(fp) {
             self.order.remove(&tick);
         }
     }
 
-    fn victim(&mut self) -> Option<ContentFp> {
+    /// The block to evict next, forgotten; `None` if none is tracked.
+    pub(crate) fn victim(&mut self) -> Option<ContentFp> {
         let (_, fp) = self.order.pop_first()?;
         self.last_use.remove(&fp);
         Some(fp)
@@ -151,7 +94,7 @@ mod tests {
                     Op::Insert(n) | Op::Touch(n) => {
                         let present = model.contains(&n);
                         if matches!(op, Op::Insert(_)) {
-                            lru.inserted(fp(n), 1);
+                            lru.inserted(fp(n));
                         } else {
                             lru.touched(&fp(n));
                         }

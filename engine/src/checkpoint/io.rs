@@ -8,9 +8,9 @@ use kvhoard_format::checkpoint::Checkpoint;
 use kvhoard_format::superblock::Superblock;
 use kvhoard_format::{align_up, UNIT_BYTES};
 
+use crate::buffer::AlignedBuf;
 use crate::device::BlockDevice;
 use crate::error::{Result, StoreError};
-use crate::AlignedBuf;
 
 /// Name of the checkpoint file in a directory volume.
 pub const CHECKPOINT_FILE: &str = "checkpoint";

@@ -9,7 +9,7 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
-use crate::AlignedBuf;
+use super::AlignedBuf;
 
 /// The pool. Holds at most `max_buffers` buffers and `max_bytes` bytes while they are unused.
 #[derive(Debug)]

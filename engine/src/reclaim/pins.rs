@@ -11,35 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
-use kvhoard_format::record::{validate_key, validate_namespace};
-
-use super::Store;
-use crate::error::Result;
-use crate::index::{key_fp, Index, KeyFp};
-
-impl Store {
-    /// Pins `key`: until it is unpinned, or `StoreOptions::pin_ttl_secs` after the last pin, a
-    /// full volume reclaims other segments before the ones holding it (unless every sealed
-    /// segment holds a pin). Returns `false`, pinning nothing, if the key names no live block.
-    /// Pins are counted (each needs its own [`Store::unpin`]) and kept in memory only.
-    pub fn pin(&self, namespace: &str, key: &str) -> Result<bool> {
-        if !self.contains(namespace, key)? {
-            return Ok(false);
-        }
-        let inner = &self.inner;
-        let lapses = inner.clock.now_unix_ms().saturating_add(u64::from(inner.opts.pin_ttl_secs) * 1000);
-        inner.pins.pin(key_fp(namespace, key), lapses);
-        Ok(true)
-    }
-
-    /// Releases one pin on `key`; returns whether it held one.
-    pub fn unpin(&self, namespace: &str, key: &str) -> Result<bool> {
-        self.inner.ensure_open()?;
-        validate_namespace(namespace)?;
-        validate_key(key)?;
-        Ok(self.inner.pins.unpin(&key_fp(namespace, key)))
-    }
-}
+use crate::index::{Index, KeyFp};
 
 #[derive(Debug, Clone, Copy)]
 struct Pin {
@@ -51,7 +23,7 @@ struct Pin {
 
 /// The pins of a store. A leaf lock: never held while another of the store's locks is taken.
 #[derive(Debug, Default)]
-pub(super) struct Pins {
+pub(crate) struct Pins {
     table: Mutex<HashMap<KeyFp, Pin>>,
 }
 
@@ -61,7 +33,7 @@ impl Pins {
     }
 
     /// Takes one more pin on `key`, lapsing at `lapses_unix_ms` (a later pin extends it).
-    pub(super) fn pin(&self, key: KeyFp, lapses_unix_ms: u64) {
+    pub(crate) fn pin(&self, key: KeyFp, lapses_unix_ms: u64) {
         let mut table = self.table();
         let pin = table.entry(key).or_insert(Pin { count: 0, lapses_unix_ms });
         pin.count = pin.count.saturating_add(1);
@@ -69,7 +41,7 @@ impl Pins {
     }
 
     /// Releases one pin on `key`; whether it held one.
-    pub(super) fn unpin(&self, key: &KeyFp) -> bool {
+    pub(crate) fn unpin(&self, key: &KeyFp) -> bool {
         let mut table = self.table();
         let Some(pin) = table.get_mut(key) else { return false };
         pin.count -= 1;
@@ -80,20 +52,20 @@ impl Pins {
     }
 
     /// Keys pinned at `now_unix_ms`; lapsed pins are forgotten on the way.
-    pub(super) fn live(&self, now_unix_ms: u64) -> Vec<KeyFp> {
+    pub(crate) fn live(&self, now_unix_ms: u64) -> Vec<KeyFp> {
         let mut table = self.table();
         table.retain(|_, p| p.lapses_unix_ms > now_unix_ms);
         table.keys().copied().collect()
     }
 
     /// Keys pinned at `now_unix_ms`, counted.
-    pub(super) fn count(&self, now_unix_ms: u64) -> u64 {
+    pub(crate) fn count(&self, now_unix_ms: u64) -> u64 {
         self.table().values().filter(|p| p.lapses_unix_ms > now_unix_ms).count() as u64
     }
 }
 
 /// Segments holding the records that `keys` need: each key's own record and its block's.
-pub(super) fn segments_of(index: &Index, keys: &[KeyFp]) -> HashSet<u32> {
+pub(crate) fn segments_of(index: &Index, keys: &[KeyFp]) -> HashSet<u32> {
     let mut segments = HashSet::new();
     for entry in keys.iter().filter_map(|k| index.key(k)) {
         segments.insert(entry.record.segment);

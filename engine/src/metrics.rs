@@ -1,0 +1,72 @@
+//! Operation counters since the store was opened (the log, the tiers and the checkpoints keep
+//! their own): what `Store::stats` reports.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvhoard_format::record::{RecordHeader, RecordKind};
+
+use crate::index::Dropped;
+
+/// Counters of what the store did.
+/// Each is named for what it counts; [`crate::Stats`] and docs/operations.md explain them.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub puts: AtomicU64,
+    pub put_bytes: AtomicU64,
+    pub dedup_hits: AtomicU64,
+    pub gets: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub get_bytes: AtomicU64,
+    pub read_errors: AtomicU64,
+    pub direct_reads: AtomicU64,
+    pub deletes: AtomicU64,
+    pub evicted_keys: AtomicU64,
+    pub evicted_blocks: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub segments_reclaimed: AtomicU64,
+    pub pins_overridden: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts a reserved record of a put.
+    pub(crate) fn count_put(&self, h: &RecordHeader) {
+        match h.kind {
+            RecordKind::Block => {
+                self.puts.fetch_add(1, Ordering::Relaxed);
+                self.put_bytes.fetch_add(h.stored_len, Ordering::Relaxed);
+            }
+            RecordKind::Link => {
+                self.puts.fetch_add(1, Ordering::Relaxed);
+                self.dedup_hits.fetch_add(1, Ordering::Relaxed);
+            }
+            RecordKind::Tombstone => {}
+        }
+    }
+
+    /// Counts a get that returned `hit_bytes` bytes, or missed.
+    pub(crate) fn count_get(&self, hit_bytes: Option<u64>) {
+        match hit_bytes {
+            Some(n) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.get_bytes.fetch_add(n, Ordering::Relaxed);
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts a reclaimed segment and what it dropped.
+    pub(crate) fn count_eviction(&self, d: &Dropped) {
+        self.evicted_keys.fetch_add(d.keys, Ordering::Relaxed);
+        self.evicted_blocks.fetch_add(d.blocks, Ordering::Relaxed);
+        self.evicted_bytes.fetch_add(d.bytes, Ordering::Relaxed);
+        self.segments_reclaimed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads a counter.
+    pub(crate) fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

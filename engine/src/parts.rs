@@ -1,0 +1,81 @@
+//! A store's parts, one per layer, wired together: what every operation shares.
+//!
+//! Locks, always taken in this order: the log lock ([`Log::lock`]: segment states, the open
+//! segment, reservations), then the index lock (read-mostly; gets take only its read lock), then
+//! the leaf locks (the log's pending records, the pins, the checkpoints' bookkeeping, the DRAM
+//! tier's shards). Device I/O for records runs outside all of them.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::buffer::BufferPool;
+use crate::checkpoint::Checkpoints;
+use crate::error::{Result, StoreError};
+use crate::index::Index;
+use crate::log::{Log, LogState};
+use crate::metrics::Metrics;
+use crate::options::StoreOptions;
+use crate::placement::Placement;
+use crate::reclaim::Pins;
+use crate::recovery::RecoveryReport;
+use crate::tier::Tiers;
+use crate::Clock;
+
+/// The parts of an open store.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    /// The log: device, segment states, reservations, group commit.
+    pub(crate) log: Arc<Log>,
+    /// Key → block → location.
+    pub(crate) index: RwLock<Index>,
+    /// The DRAM tier and what every tier counts.
+    pub(crate) tiers: Tiers,
+    /// Checkpoints of the index.
+    pub(crate) checkpoints: Arc<Checkpoints>,
+    /// Keys kept out of reclaim's way while they are read.
+    pub(crate) pins: Pins,
+    /// Where blocks live and in what form.
+    pub(crate) placement: Arc<dyn Placement>,
+    /// Record buffers for puts and gets, reused without zeroing.
+    pub(crate) pool: Arc<BufferPool>,
+    /// What the store did.
+    pub(crate) metrics: Metrics,
+    /// How the store was opened.
+    pub(crate) opts: StoreOptions,
+    /// Source of the current time.
+    pub(crate) clock: Clock,
+    /// What opening the volume found and did.
+    pub(crate) recovery: RecoveryReport,
+    /// Set by `close`: later reads fail instead of reading a volume another process may own.
+    pub(crate) closed: AtomicBool,
+    /// The volume's exclusive lock; released by `close`, so the volume can be opened again by
+    /// this or another process while this handle is still alive.
+    pub(crate) lock: Mutex<Option<File>>,
+}
+
+impl Parts {
+    /// Fails once the store is closed.
+    pub(crate) fn ensure_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+
+    /// The index, for reading.
+    pub(crate) fn index_read(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The index, for changing (in log order, under the log lock).
+    pub(crate) fn index_write(&self) -> RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Syncs the device and writes a checkpoint now. Called under the log lock with no record in
+    /// flight.
+    pub(crate) fn checkpoint_now(&self, state: &mut LogState) -> Result<()> {
+        self.checkpoints.write_now(state, &self.index, &self.log, &self.clock)
+    }
+}

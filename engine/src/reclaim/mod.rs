@@ -1,0 +1,84 @@
+//! Reclaim: emptying a whole segment when the volume is full.
+//!
+//! Everything reclaim decides lives here: which sealed segment goes (placement's choice among
+//! the segments that hold no pinned key's records, `pins.rs`), dropping what it held from the
+//! index and the tiers, whether a checkpoint must be written first, and freeing it durably. A
+//! cache drops what the segment holds; a put never fails for lack of space.
+
+mod pins;
+
+pub(crate) use pins::Pins;
+
+use std::sync::atomic::Ordering;
+
+use crate::checkpoint::SealedSegment;
+use crate::error::{Result, StoreError};
+use crate::log::{LogState, SegState};
+use crate::parts::Parts;
+use crate::placement::{Fifo, SegmentView};
+
+/// Empties one sealed segment and returns its index, ready for a new use.
+///
+/// The victim leaves the index before its header is zeroed, and its header is zeroed and synced
+/// before reclaim returns (before anything is written into it), so what it held can never come
+/// back after a crash. A victim that is not the oldest could hold the newest version of a key
+/// whose older version lives in an older segment; unless the newest checkpoint already covers
+/// the victim and every older segment, a checkpoint written first makes sure replay never
+/// brings that older version back.
+pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
+    let sealed: Vec<SegmentView> = state
+        .segments
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s.state {
+            SegState::Sealed { end_unit } => {
+                Some(SegmentView { index: i as u32, seq: s.seq, created_unix_ms: s.created_unix_ms, end_unit })
+            }
+            _ => None,
+        })
+        .collect();
+    let oldest = Fifo::oldest(&sealed).ok_or_else(|| StoreError::invalid("volume", "no sealed segment to reclaim"))?;
+    let victim = choose_victim(parts, &sealed);
+    parts.log.mark_free(state, victim);
+    let dropped = parts.index_write().drop_segment(victim);
+    parts.tiers.drop_segment(victim);
+    if victim != oldest {
+        let views: Vec<SealedSegment> =
+            sealed.iter().map(|s| SealedSegment { index: s.index, seq: s.seq, end_unit: s.end_unit }).collect();
+        if !parts.checkpoints.cover_through(&views, victim) {
+            parts.checkpoint_now(state)?;
+        }
+    }
+    parts.log.erase_segment_header(state, victim)?;
+    parts.metrics.count_eviction(&dropped);
+    parts.placement.dropped(&dropped.key_ids);
+    tracing::debug!(segment = victim, keys = dropped.keys, blocks = dropped.blocks, "segment reclaimed");
+    Ok(victim)
+}
+
+/// Placement's choice among the sealed segments that hold no pinned key's records; among all of
+/// them when every one does (pins are advice, never a reason to refuse a put).
+fn choose_victim(parts: &Parts, sealed: &[SegmentView]) -> u32 {
+    let pinned = {
+        let keys = parts.pins.live(parts.clock.now_unix_ms());
+        if keys.is_empty() {
+            Default::default()
+        } else {
+            pins::segments_of(&parts.index_read(), &keys)
+        }
+    };
+    let unpinned: Vec<SegmentView> = sealed.iter().filter(|s| !pinned.contains(&s.index)).copied().collect();
+    let candidates = if unpinned.is_empty() {
+        parts.metrics.pins_overridden.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("every sealed segment holds a pinned key: reclaiming the oldest anyway");
+        sealed
+    } else {
+        &unpinned
+    };
+    let chosen = parts.placement.victim(candidates);
+    if candidates.iter().any(|s| s.index == chosen) {
+        return chosen;
+    }
+    tracing::warn!(chosen, "placement chose a segment that cannot be reclaimed; reclaiming the oldest");
+    Fifo::oldest(candidates).unwrap_or(chosen)
+}

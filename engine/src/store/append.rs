@@ -1,0 +1,271 @@
+//! How records join the log.
+//!
+//! A put's records are prepared outside any lock (hashed, checksummed, copied into a record
+//! buffer, on every core for a large batch), then reserved under the log lock in log order: each
+//! gets its place in the open segment (sealing it and opening the next, reclaiming a segment when
+//! none is free), its bytes become findable by readers, the index is updated, and placement
+//! decides whether the DRAM tier keeps a copy. Index updates happen in log order, so replaying the
+//! log rebuilds exactly this index.
+
+use std::sync::Arc;
+
+use kvhoard_format::record::{RecordHeader, RecordKind};
+use kvhoard_format::UNIT_BYTES;
+
+use super::submit::{WriteJob, PARALLEL_MIN_BYTES};
+use super::Store;
+use crate::buffer::{BufferPool, PooledBuf};
+use crate::error::{Result, StoreError};
+use crate::index::{content_fp, key_fp, ContentEntry, ContentFp, KeyFp};
+use crate::log::{Loc, LogState};
+use crate::parts::Parts;
+use crate::placement::BlockInfo;
+use crate::recovery::expiry;
+
+/// Why a rename's link could not be reserved.
+pub(super) const SOURCE_CHANGED: &str = "the source key changed while it was being renamed";
+
+/// A record ready to be reserved: its header (seq still 0) and, for a block, its bytes.
+pub(super) struct Prepared<'a> {
+    pub(super) header: RecordHeader,
+    payload: &'a [u8],
+    /// The record buffer with the payload already in place (built outside the log lock).
+    buf: Option<PooledBuf>,
+    key: KeyFp,
+    content: ContentFp,
+    /// For a link made by a rename: the key that must still name `content` when the link is
+    /// reserved (there are no bytes to store again if it does not).
+    source: Option<KeyFp>,
+}
+
+impl<'a> Prepared<'a> {
+    /// A link or tombstone record.
+    pub(super) fn without_payload(
+        header: RecordHeader,
+        key: KeyFp,
+        content: ContentFp,
+        source: Option<KeyFp>,
+    ) -> Prepared<'a> {
+        Prepared { header, payload: &[], buf: None, key, content, source }
+    }
+}
+
+impl Store {
+    /// `prepare` for each checked item, in order; a group of at least `PARALLEL_MIN_BYTES` on
+    /// every core.
+    pub(super) fn prepare_parallel<'a>(
+        &self,
+        namespace: &str,
+        mut items: Vec<(RecordHeader, &'a [u8])>,
+    ) -> Result<Vec<Prepared<'a>>> {
+        let parts = &*self.parts;
+        let prepare = |chunk: Vec<(RecordHeader, &'a [u8])>| -> Vec<Prepared<'a>> {
+            chunk.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes)).collect()
+        };
+        let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
+        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(items.len());
+        if workers < 2 || bytes < PARALLEL_MIN_BYTES {
+            return Ok(prepare(items));
+        }
+        let per = items.len().div_ceil(workers);
+        let mut chunks = Vec::with_capacity(workers);
+        while !items.is_empty() {
+            let tail = items.split_off(per.min(items.len()));
+            chunks.push(std::mem::replace(&mut items, tail));
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = chunks.into_iter().map(|chunk| s.spawn(move || prepare(chunk))).collect();
+            let mut all = Vec::with_capacity(per * workers);
+            for handle in handles {
+                all.extend(handle.join().map_err(|_| StoreError::invalid("put", "a hashing thread panicked"))?);
+            }
+            Ok(all)
+        })
+    }
+}
+
+impl Parts {
+    /// Hashes one block whose header the put checked, and decides between a block and a link
+    /// record.
+    fn prepare<'a>(&self, namespace: &str, mut header: RecordHeader, bytes: &'a [u8]) -> Prepared<'a> {
+        if header.compression.is_none() {
+            header.content_hash = *blake3::hash(bytes).as_bytes();
+        }
+        let content = content_fp(namespace, &header.content_hash);
+        if self.index_read().content_slot(&content).is_some() {
+            // The bytes are stored already: a link record names them.
+            header.kind = RecordKind::Link;
+            header.stored_len = 0;
+        } else {
+            header.payload_crc = crc32c::crc32c(bytes);
+        }
+        let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, bytes));
+        let key = key_fp(namespace, &header.key);
+        Prepared { header, payload: bytes, buf, key, content, source: None }
+    }
+
+    /// Reserves space for a prefix of `items` in log order, updates the index and returns the
+    /// write jobs and how many items were reserved. Stops early rather than seal a segment that
+    /// holds this call's own unwritten records.
+    pub(super) fn reserve(&self, items: &mut [Prepared<'_>]) -> Result<(Vec<WriteJob>, usize)> {
+        let mut state = self.log.lock();
+        state.writable()?;
+        let mut jobs = Vec::with_capacity(items.len());
+        for (done, item) in items.iter_mut().enumerate() {
+            if item.header.kind == RecordKind::Tombstone && self.index_read().key(&item.key).is_none() {
+                continue;
+            }
+            loop {
+                let units = (item.header.record_bytes() / UNIT_BYTES) as u32;
+                let header_len = item.header.encoded_len();
+                match &state.open {
+                    Some(open) if open.fits(units, header_len, self.log.sb.segment_units()) => {}
+                    Some(_) if !jobs.is_empty() => return Ok((jobs, done)),
+                    Some(open) => {
+                        let seq = open.seq;
+                        let (sealed, outcome) = self.log.seal_open(state, seq, self.opts.checkpoint_every_segments)?;
+                        state = sealed;
+                        if outcome.checkpoint_due {
+                            self.checkpoints.snapshot_in_background(&mut state, &self.index, &self.log, &self.clock);
+                        }
+                        continue;
+                    }
+                    None => {
+                        // May reclaim a segment, and with it the bytes a link points at.
+                        self.open_segment(&mut state)?;
+                        continue;
+                    }
+                }
+                if let Some(source) = item.source {
+                    let index = self.index_read();
+                    let still =
+                        index.key(&source).and_then(|k| index.content(k.content)).is_some_and(|c| c.fp == item.content);
+                    if !still {
+                        return Err(StoreError::invalid("rename", SOURCE_CHANGED));
+                    }
+                }
+                if item.header.kind == RecordKind::Link && self.index_read().content_slot(&item.content).is_none() {
+                    // The bytes were reclaimed since prepare(): store them again.
+                    item.header.kind = RecordKind::Block;
+                    item.header.stored_len = item.payload.len() as u64;
+                    item.header.payload_crc = crc32c::crc32c(item.payload);
+                    item.buf = Some(record_buffer(&self.pool, &item.header, item.payload));
+                    continue;
+                }
+                break;
+            }
+            jobs.push(self.reserve_one(&mut state, item)?);
+        }
+        Ok((jobs, items.len()))
+    }
+
+    /// Reserves the next units of the open segment (which has room) for `item`.
+    fn reserve_one(&self, state: &mut LogState, item: &mut Prepared<'_>) -> Result<WriteJob> {
+        let units = (item.header.record_bytes() / UNIT_BYTES) as u32;
+        let Some(open) = state.open.as_mut() else { return Err(StoreError::Closed) };
+        item.header.segment_seq = open.seq;
+        let encoded = item.header.encode();
+        let (loc, seq) = (Loc { segment: open.index, unit: open.tail }, open.seq);
+        let mut buf = item.buf.take().unwrap_or_else(|| record_buffer(&self.pool, &item.header, &[]));
+        if let Some(dst) = buf.get_mut(..encoded.len()) {
+            dst.copy_from_slice(&encoded);
+        }
+        // Readers find the record through the index, so the bytes must be findable (pending)
+        // before the index points at them.
+        let buf = Arc::new(buf);
+        if item.header.kind == RecordKind::Block {
+            self.log.add_pending(loc, Arc::clone(&buf));
+            self.place_in_tiers(&buf, &item.header, item.content, loc);
+        }
+        if let Err(e) = self.apply(&item.header, item.key, item.content, loc, units) {
+            self.log.drop_pending(&loc);
+            return Err(e);
+        }
+        let unit = open.reserve(units, &encoded);
+        debug_assert_eq!(unit, loc.unit);
+        self.metrics.count_put(&item.header);
+        Ok(WriteJob { buf, loc, seq, key: item.key })
+    }
+
+    /// Asks placement whether a put block goes to the DRAM tier, and puts it there if so.
+    fn place_in_tiers(&self, buf: &Arc<PooledBuf>, header: &RecordHeader, content: ContentFp, loc: Loc) {
+        if self.tiers.dram.is_none() {
+            return;
+        }
+        let info = BlockInfo {
+            namespace: &header.namespace,
+            raw_bytes: header.raw_len,
+            record_bytes: buf.len() as u64,
+            group: header.group_id,
+        };
+        if self.placement.on_put(&info).dram {
+            self.tiers.admit(buf, header, content, loc);
+        } else {
+            self.tiers.turned_away();
+        }
+    }
+
+    /// Starts appending to a segment: the one sealed by the last clean close if it has room,
+    /// else a new segment use, reclaiming a segment first when none is free.
+    fn open_segment(&self, state: &mut LogState) -> Result<()> {
+        if self.log.resume_if_resumable(state)? {
+            return Ok(());
+        }
+        let index = match state.free_segment() {
+            Some(i) => i,
+            None => crate::reclaim::reclaim(self, state)?,
+        };
+        self.log.start_segment(state, index)
+    }
+
+    /// Updates the index for a reserved record, in log order.
+    fn apply(&self, h: &RecordHeader, key: KeyFp, content: ContentFp, loc: Loc, units: u32) -> Result<()> {
+        let mut index = self.index_write();
+        let ns = index
+            .ns_id_or_insert(&h.namespace)
+            .ok_or_else(|| StoreError::invalid("namespace", "a volume holds at most 65536 namespaces"))?;
+        let expires = expiry(h.created_unix_ms, h.ttl_secs);
+        match h.kind {
+            RecordKind::Block => {
+                let block = ContentEntry { fp: content, record: loc, units, raw_len: h.raw_len as u32, refs: 0, ns };
+                index.apply_block(key, block, expires);
+            }
+            RecordKind::Link => {
+                let linked = index.apply_link(ns, key, content, loc, expires);
+                debug_assert!(linked, "link reserved for bytes that are not stored");
+            }
+            RecordKind::Tombstone => {
+                let content = index.key(&key).and_then(|k| index.content(k.content)).map(|c| c.fp);
+                index.remove_key(&key);
+                if let Some(fp) = content {
+                    if index.content_slot(&fp).is_none() {
+                        self.tiers.remove(&fp);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The record as written, header bytes still to be filled in: header space, padding to a unit,
+/// payload, padding to a unit.
+///
+/// The buffer comes from the pool with stale contents: everything but the header bytes is
+/// written here (the padding as zeros), and the header bytes are written at reservation.
+fn record_buffer(pool: &Arc<BufferPool>, header: &RecordHeader, payload: &[u8]) -> PooledBuf {
+    let mut buf = pool.get(header.record_bytes() as usize);
+    let start = header.payload_offset() as usize;
+    let payload = if header.kind == RecordKind::Block { payload } else { &[] };
+    let end = start + payload.len();
+    if let Some(head) = buf.get_mut(..start) {
+        head.fill(0);
+    }
+    if let Some(dst) = buf.get_mut(start..end) {
+        dst.copy_from_slice(payload);
+    }
+    if let Some(tail) = buf.get_mut(end..) {
+        tail.fill(0);
+    }
+    buf
+}

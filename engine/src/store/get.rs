@@ -1,0 +1,394 @@
+//! Reads: get (into an engine buffer or the caller's), contains, the description of a block, and
+//! a block by its content hash.
+//!
+//! A get takes the index's read lock for one lookup and nothing else. The block comes from the
+//! DRAM tier when it holds a copy, from the record's pending buffer while it is being written,
+//! or from the log (one aligned read of the whole record, or, for large blocks and an aligned
+//! caller buffer, straight into that buffer). Every byte read from the log is checked against
+//! the record's crc32c (blake3 too with `verify_hash`); a damaged block is a counted miss.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
+use kvhoard_format::UNIT_BYTES;
+
+use super::Store;
+use crate::block::{Block, BlockMeta, Bytes};
+use crate::error::{Result, StoreError};
+use crate::index::{content_fp, is_expired, key_fp, ContentEntry, KeyFp};
+use crate::log::scan::check_payload;
+use crate::options::ReadOptions;
+use crate::parts::Parts;
+use crate::placement::BlockInfo;
+use crate::tier::DramRead;
+
+/// Blocks at least this large are read by `get_into` straight into an aligned caller buffer.
+/// Below it, one device read into an engine buffer and a copy cost less than the two or three
+/// reads (header, payload, last partial unit) of a direct read.
+pub const DIRECT_READ_MIN_BYTES: usize = 128 << 10;
+
+/// The outcome of [`Parts::read_direct`].
+enum Direct {
+    /// The block is in the caller's buffer: its description and length.
+    Read(BlockMeta, usize),
+    /// Not read this way; read it through an engine buffer.
+    Unsuitable,
+}
+
+/// What [`Store::get_resident`] found.
+#[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "returned once, never stored: boxing would cost an allocation per hit")]
+pub enum Resident {
+    /// The block, from memory.
+    Block(Block),
+    /// No such key (or it expired).
+    Absent,
+    /// The key exists but its block must be read from the device: call [`Store::get`].
+    OnDevice,
+}
+
+impl Store {
+    /// The block stored under `key`, or `None` if there is none (never stored, deleted, expired,
+    /// evicted, or damaged: a damaged block is logged and counted in `stats().read_errors`).
+    pub fn get(&self, namespace: &str, key: &str, opts: ReadOptions) -> Result<Option<Block>> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let parts = &self.parts;
+        parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
+        let kfp = key_fp(namespace, key);
+        let lookup = || parts.live_content(&kfp);
+        let block = match lookup() {
+            Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry))?,
+            None => None,
+        };
+        parts.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
+        Ok(block)
+    }
+
+    /// A get that never waits for the device, for callers that must not block (an async server
+    /// answers these on its network thread and sends only [`Resident::OnDevice`] keys to a
+    /// thread that may block on [`Store::get`]).
+    pub fn get_resident(&self, namespace: &str, key: &str, opts: ReadOptions) -> Result<Resident> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let parts = &self.parts;
+        let Some(entry) = parts.live_content(&key_fp(namespace, key)) else {
+            parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
+            parts.metrics.count_get(None);
+            return Ok(Resident::Absent);
+        };
+        match parts.dram_hit(&entry, opts) {
+            Some(block) => {
+                parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
+                parts.metrics.count_get(Some(block.len() as u64));
+                Ok(Resident::Block(block))
+            }
+            // Counted by the get that follows.
+            None => Ok(Resident::OnDevice),
+        }
+    }
+
+    /// The description of the block under `key` (size, hash, times, codec), or `None` on a
+    /// miss. Reads only the record's header (one 4 KiB unit, usually), never the payload;
+    /// served from memory when the block is in the DRAM tier or not yet written.
+    pub fn meta(&self, namespace: &str, key: &str) -> Result<Option<BlockMeta>> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let parts = &self.parts;
+        let Some(entry) = parts.live_content(&key_fp(namespace, key)) else { return Ok(None) };
+        let loc = entry.record;
+        if let Some(meta) = parts.tiers.peek_meta(&entry.fp, loc) {
+            return Ok(Some(meta));
+        }
+        let header = match parts.log.pending_record(&loc) {
+            Some(buf) => RecordHeader::decode(&buf),
+            None => parts.read_header(&entry)?,
+        };
+        match header {
+            Ok(h) if h.kind == RecordKind::Block && content_fp(&h.namespace, &h.content_hash) == entry.fp => {
+                Ok(Some(BlockMeta::of(h, loc)))
+            }
+            // Raced with reclaim, or damaged: get() tells which (and counts damage).
+            _ => Ok(self.get(namespace, key, ReadOptions::default())?.map(|b| b.meta)),
+        }
+    }
+
+    /// Whether the block with content hash `hash` in `namespace` is held by the DRAM tier.
+    pub fn in_dram(&self, namespace: &str, hash: &[u8; 32]) -> bool {
+        let cfp = content_fp(namespace, hash);
+        let loc = {
+            let index = self.parts.index_read();
+            index.content_slot(&cfp).and_then(|s| index.content(s)).map(|c| c.record)
+        };
+        loc.is_some_and(|loc| self.parts.tiers.holds(&cfp, loc))
+    }
+
+    /// Reads the block under `key` into `buf` and returns its description and the number of
+    /// bytes written, or `None` on a miss; fails with [`StoreError::BufferTooSmall`] if `buf` is
+    /// shorter than the block.
+    ///
+    /// A block of at least [`DIRECT_READ_MIN_BYTES`] that is on the log (not in the DRAM tier or
+    /// still being written) is read by the device straight into `buf` when `buf` is aligned to
+    /// the device (4 KiB; page-aligned allocations are): no engine buffer holds it and there is
+    /// no copy, and `buf` is checked (crc32c, and blake3 with `verify_hash`) where it lies. On a
+    /// miss or an error, `buf`'s contents are unspecified.
+    pub fn get_into(
+        &self,
+        namespace: &str,
+        key: &str,
+        buf: &mut [u8],
+        opts: ReadOptions,
+    ) -> Result<Option<(BlockMeta, usize)>> {
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        self.parts.ensure_open()?;
+        let parts = &self.parts;
+        if let Some(entry) = parts.live_content(&key_fp(namespace, key)) {
+            if let Direct::Read(meta, len) = parts.read_direct(&entry, buf, opts)? {
+                parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
+                parts.metrics.direct_reads.fetch_add(1, Ordering::Relaxed);
+                parts.metrics.count_get(Some(len as u64));
+                return Ok(Some((meta, len)));
+            }
+        }
+        // Small, cached, pending, unaligned, compressed, or not what the index said (a race with
+        // reclaim, or damage, which `get` tells apart): through an engine buffer.
+        let Some(block) = self.get(namespace, key, opts)? else { return Ok(None) };
+        let got = buf.len() as u64;
+        let dst = buf.get_mut(..block.len()).ok_or(StoreError::BufferTooSmall { needed: block.len() as u64, got })?;
+        dst.copy_from_slice(&block);
+        Ok(Some((block.meta.clone(), block.len())))
+    }
+
+    /// Gets many keys; a miss is `None` in its place.
+    pub fn get_batch(&self, namespace: &str, keys: &[&str], opts: ReadOptions) -> Result<Vec<Option<Block>>> {
+        keys.iter().map(|k| self.get(namespace, k, opts)).collect()
+    }
+
+    /// Whether `key` names a stored, unexpired block. Does no I/O.
+    pub fn contains(&self, namespace: &str, key: &str) -> Result<bool> {
+        Ok(self.contains_batch(namespace, &[key])?.first().copied().unwrap_or(false))
+    }
+
+    /// `contains` for many keys under one index lock.
+    pub fn contains_batch(&self, namespace: &str, keys: &[&str]) -> Result<Vec<bool>> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        keys.iter().try_for_each(|k| validate_key(k))?;
+        let now = self.parts.clock.now_unix_s();
+        let index = self.parts.index_read();
+        Ok(keys.iter().map(|k| index.key(&key_fp(namespace, k)).is_some_and(|e| !is_expired(e, now))).collect())
+    }
+
+    /// The block with content hash `hash` in `namespace`, whatever key names it.
+    pub fn get_by_hash(&self, namespace: &str, hash: &[u8; 32], opts: ReadOptions) -> Result<Option<Block>> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        let parts = &self.parts;
+        let cfp = content_fp(namespace, hash);
+        let lookup = || {
+            let index = parts.index_read();
+            index.content_slot(&cfp).and_then(|s| index.content(s).copied())
+        };
+        match lookup() {
+            Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry)),
+            None => Ok(None),
+        }
+    }
+}
+
+impl Parts {
+    /// The block a live (stored, not expired) key names.
+    fn live_content(&self, kfp: &KeyFp) -> Option<ContentEntry> {
+        let index = self.index_read();
+        let k = index.key(kfp).filter(|k| !is_expired(k, self.clock.now_unix_s()))?;
+        index.content(k.content).copied()
+    }
+
+    /// The block from the DRAM tier, if it is there and intact; a damaged copy is counted.
+    fn dram_hit(&self, entry: &ContentEntry, opts: ReadOptions) -> Option<Block> {
+        match self.tiers.dram_hit(entry, opts.verify_hash) {
+            DramRead::Hit(block) => Some(block),
+            DramRead::Miss => None,
+            DramRead::Damaged => {
+                self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// The header of the block record `entry` names: one unit, or as many as a long header
+    /// takes. The inner result is the header's decoding.
+    fn read_header(
+        &self,
+        entry: &ContentEntry,
+    ) -> Result<std::result::Result<RecordHeader, kvhoard_format::FormatError>> {
+        let unit = UNIT_BYTES as usize;
+        let loc = entry.record;
+        let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+        let mut buf = self.pool.get(unit);
+        self.log.dev.read_at(&mut buf, offset)?;
+        Ok(match RecordHeader::peek_len(&buf) {
+            Ok(len) if len > unit && len.div_ceil(unit) <= entry.units as usize => {
+                buf = self.pool.get(len.div_ceil(unit) * unit);
+                self.log.dev.read_at(&mut buf, offset)?;
+                RecordHeader::decode(&buf)
+            }
+            _ => RecordHeader::decode(&buf),
+        })
+    }
+
+    /// Reads a raw block on the log straight into `buf`: its header units and its whole payload
+    /// units in one batch of device reads (the payload's last partial unit, if any, through a
+    /// one-unit engine buffer). Anything unexpected is [`Direct::Unsuitable`], and the caller
+    /// reads the record the ordinary way, which tells a race from damage.
+    fn read_direct(&self, entry: &ContentEntry, buf: &mut [u8], opts: ReadOptions) -> Result<Direct> {
+        let unit = UNIT_BYTES as usize;
+        let raw = entry.raw_len as usize;
+        let align = self.log.dev.capabilities().alignment as usize;
+        // The record is header units then payload units; for an uncompressed block the payload
+        // is exactly raw_len bytes, so the header's units follow from the entry.
+        let header_units = (entry.units as usize).checked_sub(raw.div_ceil(unit)).filter(|&h| h >= 1);
+        let Some(header_units) = header_units else { return Ok(Direct::Unsuitable) };
+        if self.tiers.dram.is_some()
+            || raw < DIRECT_READ_MIN_BYTES
+            || buf.len() < raw
+            || !(buf.as_ptr() as usize).is_multiple_of(align)
+            || !unit.is_multiple_of(align)
+            || self.log.is_pending(&entry.record)
+        {
+            return Ok(Direct::Unsuitable);
+        }
+        let loc = entry.record;
+        let started = Instant::now();
+        let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+        let payload_at = offset + (header_units * unit) as u64;
+        let (body_len, tail_len) = (raw / unit * unit, raw % unit);
+        let mut header_buf = self.pool.get(header_units * unit);
+        let mut tail_buf = (tail_len > 0).then(|| self.pool.get(unit));
+        {
+            let body = buf.get_mut(..body_len).unwrap_or_default();
+            let mut reads: Vec<(&mut [u8], u64)> = vec![(&mut header_buf[..], offset), (body, payload_at)];
+            if let Some(t) = tail_buf.as_mut() {
+                reads.push((&mut t[..], payload_at + body_len as u64));
+            }
+            self.log.dev.read_many(&mut reads)?;
+        }
+        let Ok(header) = RecordHeader::decode(&header_buf) else { return Ok(Direct::Unsuitable) };
+        let tail = tail_buf.as_ref().and_then(|t| t.get(..tail_len)).unwrap_or_default();
+        let body = buf.get(..body_len).unwrap_or_default();
+        if header.kind != RecordKind::Block
+            || content_fp(&header.namespace, &header.content_hash) != entry.fp
+            || !header.compression.is_none()
+            || header.stored_len != raw as u64
+            || header.payload_offset() != (header_units * unit) as u64
+            || crc32c::crc32c_append(crc32c::crc32c(body), tail) != header.payload_crc
+        {
+            return Ok(Direct::Unsuitable);
+        }
+        if opts.verify_hash {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(body).update(tail);
+            if hasher.finalize().as_bytes() != &header.content_hash {
+                return Ok(Direct::Unsuitable);
+            }
+        }
+        if let Some(dst) = buf.get_mut(body_len..raw) {
+            dst.copy_from_slice(tail);
+        }
+        self.tiers.ssd.hits.fetch_add(1, Ordering::Relaxed);
+        self.tiers.ssd.hit_bytes.fetch_add(raw as u64, Ordering::Relaxed);
+        self.tiers.ssd_latency.record(u64::from(entry.fp[0]), started.elapsed());
+        Ok(Direct::Read(BlockMeta::of(header, loc), raw))
+    }
+
+    /// Reads and checks a block record. `still_current` tells whether the index still points
+    /// at it: if not, a mismatch is a race with reclaim (a plain miss), otherwise damage.
+    fn read_content(
+        &self,
+        entry: &ContentEntry,
+        opts: ReadOptions,
+        still_current: impl Fn() -> bool,
+    ) -> Result<Option<Block>> {
+        if let Some(block) = self.dram_hit(entry, opts) {
+            return Ok(Some(block));
+        }
+        let loc = entry.record;
+        let started = Instant::now();
+        let hint = u64::from(entry.fp[0]);
+        let bytes = match self.log.pending_record(&loc) {
+            Some(buf) => Bytes::Shared(buf),
+            None => {
+                let mut buf = self.pool.get(entry.units as usize * UNIT_BYTES as usize);
+                let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+                self.log.dev.read_at(&mut buf, offset)?;
+                Bytes::Owned(buf)
+            }
+        };
+        match verify(bytes.as_slice(), entry, opts) {
+            Ok(header) => {
+                let bytes = match bytes {
+                    Bytes::Owned(buf) if self.tiers.dram.is_some() => {
+                        let buf = Arc::new(buf);
+                        self.place_loaded(&buf, &header, entry);
+                        Bytes::Shared(buf)
+                    }
+                    other => other,
+                };
+                let start = header.payload_offset() as usize;
+                let len = header.stored_len as usize;
+                self.tiers.ssd.hits.fetch_add(1, Ordering::Relaxed);
+                self.tiers.ssd.hit_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                self.tiers.ssd_latency.record(hint, started.elapsed());
+                Ok(Some(Block::new(bytes, start, len, BlockMeta::of(header, loc))))
+            }
+            Err(_) if !still_current() => {
+                self.tiers.ssd.misses.fetch_add(1, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(why) => {
+                self.tiers.ssd.misses.fetch_add(1, Ordering::Relaxed);
+                self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(segment = loc.segment, unit = loc.unit, reason = %why, "stored block is damaged; returning a miss");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Asks placement whether a block just read from the log stays in the DRAM tier.
+    fn place_loaded(&self, buf: &Arc<crate::buffer::PooledBuf>, header: &RecordHeader, entry: &ContentEntry) {
+        let info = BlockInfo {
+            namespace: &header.namespace,
+            raw_bytes: header.raw_len,
+            record_bytes: buf.len() as u64,
+            group: header.group_id,
+        };
+        if self.placement.on_load(&info) {
+            self.tiers.admit(buf, header, entry.fp, entry.record);
+        } else {
+            self.tiers.turned_away();
+        }
+    }
+}
+
+/// Checks a record read for `entry`: a block record of the expected bytes, payload intact.
+fn verify(record: &[u8], entry: &ContentEntry, opts: ReadOptions) -> std::result::Result<RecordHeader, String> {
+    let header = RecordHeader::decode(record).map_err(|e| e.to_string())?;
+    if header.kind != RecordKind::Block || content_fp(&header.namespace, &header.content_hash) != entry.fp {
+        return Err("record holds other bytes than the index expects".into());
+    }
+    check_payload(&header, record)?;
+    if opts.verify_hash && header.compression.is_none() {
+        let start = header.payload_offset() as usize;
+        let payload = record.get(start..start + header.stored_len as usize).unwrap_or_default();
+        if blake3::hash(payload).as_bytes() != &header.content_hash {
+            return Err("blake3 of the bytes does not match the content hash".into());
+        }
+    }
+    Ok(header)
+}

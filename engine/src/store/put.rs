@@ -1,0 +1,261 @@
+//! The write API: put (single and batched), delete and rename. Each checks everything that can
+//! refuse it before anything is written, then appends records (`append.rs`) and submits them
+//! (`submit.rs`) at the durability asked for.
+
+use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
+use kvhoard_format::{BlockDesc, CompressionMeta};
+
+use super::append::{Prepared, SOURCE_CHANGED};
+use super::submit::WriteJob;
+use super::Store;
+use crate::error::{Result, StoreError};
+use crate::index::{content_fp, key_fp};
+use crate::log::Pos;
+use crate::options::{Durability, PutOptions};
+
+/// A batch larger than this is prepared in groups of about this size, the next while the last
+/// is written.
+const PIPELINE_BYTES: usize = 32 << 20;
+
+impl Store {
+    /// Stores `bytes` under `key` in `namespace` and returns their blake3 content hash.
+    /// Identical bytes already stored in the namespace are not written again.
+    pub fn put(&self, namespace: &str, key: &str, bytes: &[u8], opts: &PutOptions) -> Result<[u8; 32]> {
+        let mut hashes = self.put_batch(namespace, &[(key, bytes)], opts)?;
+        hashes.pop().ok_or_else(|| StoreError::invalid("batch", "empty result"))
+    }
+
+    /// Stores many blocks with one reservation pass and one group commit.
+    pub fn put_batch(&self, namespace: &str, items: &[(&str, &[u8])], opts: &PutOptions) -> Result<Vec<[u8; 32]>> {
+        validate_namespace(namespace)?;
+        let parts = &self.parts;
+        let now = parts.clock.now_unix_ms();
+        // Everything that can refuse a put is checked before any of the batch is written.
+        let checked = items
+            .iter()
+            .map(|(key, bytes)| Ok((self.checked_header(namespace, key, bytes, opts, now)?, *bytes)))
+            .collect::<Result<Vec<_>>>()?;
+        // A large batch is prepared (hashed, checksummed, copied) in groups, the next group
+        // while the last one is written, so that the disk is not idle while the CPUs hash, and
+        // only a few groups of record buffers exist at once.
+        let groups = pipeline_groups(checked);
+        let mut hashes = Vec::with_capacity(items.len());
+        let mut last_end = Pos::default();
+        let mut write = |mut prepared: Vec<Prepared<'_>>| -> Result<()> {
+            hashes.extend(prepared.iter().map(|p| p.header.content_hash));
+            last_end = last_end.max(self.append_all(&mut prepared, opts.durability)?);
+            Ok(())
+        };
+        if groups.len() <= 1 {
+            for group in groups {
+                write(self.prepare_parallel(namespace, group)?)?;
+            }
+        } else {
+            std::thread::scope(|s| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                s.spawn(move || {
+                    for group in groups {
+                        let prepared = self.prepare_parallel(namespace, group);
+                        let failed = prepared.is_err();
+                        // The receiver stops on the first error, its own or this one.
+                        if tx.send(prepared).is_err() || failed {
+                            return;
+                        }
+                    }
+                });
+                rx.into_iter().try_for_each(|prepared| write(prepared?))
+            })?;
+        }
+        if opts.durability == Durability::Synced {
+            parts.log.sync_to(last_end)?;
+        }
+        Ok(hashes)
+    }
+
+    /// Reserves and submits `items` in log order (several reservations when they span segments);
+    /// returns the end of the last record.
+    fn append_all(&self, items: &mut [Prepared<'_>], durability: Durability) -> Result<Pos> {
+        let mut last_end = Pos::default();
+        let mut rest = items;
+        while !rest.is_empty() {
+            let (jobs, done) = self.parts.reserve(rest)?;
+            rest = rest.get_mut(done..).unwrap_or_default();
+            last_end = jobs.iter().map(WriteJob::end).max().unwrap_or(last_end).max(last_end);
+            self.submit(jobs, durability)?;
+        }
+        Ok(last_end)
+    }
+
+    /// Deletes `key`; returns whether it existed. The deletion is recorded in the log with the
+    /// given durability, so the key does not come back after a restart.
+    pub fn delete(&self, namespace: &str, key: &str, durability: Durability) -> Result<bool> {
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let parts = &self.parts;
+        let kfp = key_fp(namespace, key);
+        if parts.index_read().key(&kfp).is_none() {
+            return Ok(false);
+        }
+        let header = tombstone(namespace, key, parts.clock.now_unix_ms());
+        let mut one = [Prepared::without_payload(header, kfp, [0; 16], None)];
+        let (jobs, _) = parts.reserve(&mut one)?;
+        let existed = !jobs.is_empty();
+        let end = jobs.iter().map(WriteJob::end).max();
+        self.submit(jobs, durability)?;
+        if let (Durability::Synced, Some(end)) = (durability, end) {
+            parts.log.sync_to(end)?;
+        }
+        parts.metrics.deletes.fetch_add(u64::from(existed), std::sync::atomic::Ordering::Relaxed);
+        Ok(existed)
+    }
+
+    /// Renames `from` to `to` within `namespace` without reading or writing the block's bytes:
+    /// a link record gives the block its new name (replacing whatever `to` named), then a
+    /// tombstone removes the old one. The block keeps its description, group, parent and the
+    /// rest of its TTL. Returns whether `from` existed. If `from` is overwritten or deleted while
+    /// this runs, the rename applies to what `from` names afterwards, or reports it missing.
+    pub fn rename(&self, namespace: &str, from: &str, to: &str, durability: Durability) -> Result<bool> {
+        validate_namespace(namespace)?;
+        validate_key(from)?;
+        validate_key(to)?;
+        if from == to {
+            return self.contains(namespace, from);
+        }
+        for _ in 0..8 {
+            match self.try_rename(namespace, from, to, durability) {
+                Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => continue,
+                other => return other,
+            }
+        }
+        Err(StoreError::invalid("rename", format!("{from:?} kept changing while it was being renamed; try again")))
+    }
+
+    fn try_rename(&self, namespace: &str, from: &str, to: &str, durability: Durability) -> Result<bool> {
+        let parts = &self.parts;
+        let Some(meta) = self.meta(namespace, from)? else {
+            return Ok(false);
+        };
+        let now = parts.clock.now_unix_ms();
+        let ttl_secs = match meta.ttl_secs {
+            0 => 0,
+            ttl => {
+                let expires_ms = meta.created_unix_ms.saturating_add(u64::from(ttl) * 1000);
+                // Expiring within the second still leaves the key one second; never 0 (= never).
+                u32::try_from(expires_ms.saturating_sub(now).div_ceil(1000).max(1)).unwrap_or(u32::MAX)
+            }
+        };
+        let link = RecordHeader {
+            kind: RecordKind::Link,
+            segment_seq: 0,
+            payload_crc: 0,
+            namespace: namespace.to_string(),
+            key: to.to_string(),
+            content_hash: meta.content_hash,
+            raw_len: meta.raw_len,
+            stored_len: 0,
+            created_unix_ms: now,
+            ttl_secs,
+            group_id: meta.group_id,
+            parent_hash: meta.parent_hash,
+            desc: meta.desc,
+            compression: meta.compression,
+        };
+        link.validate()?;
+        let content = content_fp(namespace, &meta.content_hash);
+        let from_fp = key_fp(namespace, from);
+        let mut items = [
+            Prepared::without_payload(link, key_fp(namespace, to), content, Some(from_fp)),
+            Prepared::without_payload(tombstone(namespace, from, now), from_fp, [0; 16], None),
+        ];
+        let last_end = self.append_all(&mut items, durability)?;
+        if durability == Durability::Synced {
+            parts.log.sync_to(last_end)?;
+        }
+        Ok(true)
+    }
+
+    /// The record header a put of `bytes` under `key` writes (as a block, its content hash not
+    /// yet computed), after every check that can refuse the put: key, compression arguments,
+    /// description, size.
+    fn checked_header(
+        &self,
+        namespace: &str,
+        key: &str,
+        bytes: &[u8],
+        opts: &PutOptions,
+        now: u64,
+    ) -> Result<RecordHeader> {
+        validate_key(key)?;
+        let compression = opts.compression.clone().unwrap_or_else(CompressionMeta::none);
+        let (raw_len, content_hash) = match (&opts.raw, compression.is_none()) {
+            (Some(raw), false) => *raw,
+            (Some(_), true) => {
+                return Err(StoreError::invalid("raw", "raw length and hash are only given for compressed bytes"))
+            }
+            (None, false) => return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash")),
+            (None, true) => (bytes.len() as u64, [0; 32]),
+        };
+        let header = RecordHeader {
+            kind: RecordKind::Block,
+            segment_seq: 0,
+            payload_crc: 0,
+            namespace: namespace.to_string(),
+            key: key.to_string(),
+            content_hash,
+            raw_len,
+            stored_len: bytes.len() as u64,
+            created_unix_ms: now,
+            ttl_secs: opts.ttl_secs.unwrap_or(0),
+            group_id: opts.group,
+            parent_hash: opts.parent,
+            desc: opts.desc.clone().unwrap_or_else(BlockDesc::opaque),
+            compression,
+        };
+        header.validate()?;
+        let segment_units = self.parts.log.sb.segment_units();
+        let max_bytes = crate::log::max_payload_bytes(segment_units, header.encoded_len());
+        if header.stored_len > max_bytes {
+            return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
+        }
+        Ok(header)
+    }
+}
+
+/// The tombstone of `key`.
+fn tombstone(namespace: &str, key: &str, now: u64) -> RecordHeader {
+    RecordHeader {
+        kind: RecordKind::Tombstone,
+        segment_seq: 0,
+        payload_crc: 0,
+        namespace: namespace.to_string(),
+        key: key.to_string(),
+        content_hash: [0; 32],
+        raw_len: 0,
+        stored_len: 0,
+        created_unix_ms: now,
+        ttl_secs: 0,
+        group_id: None,
+        parent_hash: None,
+        desc: BlockDesc::opaque(),
+        compression: CompressionMeta::none(),
+    }
+}
+
+/// Cuts checked items into groups of about [`PIPELINE_BYTES`], in order.
+fn pipeline_groups<T>(mut checked: Vec<(T, &[u8])>) -> Vec<Vec<(T, &[u8])>> {
+    let mut groups = Vec::new();
+    while !checked.is_empty() {
+        let mut bytes = 0;
+        let take = checked
+            .iter()
+            .take_while(|(_, b)| {
+                let before = bytes;
+                bytes += b.len();
+                before < PIPELINE_BYTES
+            })
+            .count();
+        let tail = checked.split_off(take.clamp(1, checked.len()));
+        groups.push(std::mem::replace(&mut checked, tail));
+    }
+    groups
+}
