@@ -78,7 +78,10 @@ fn every_codec_round_trips_every_dtype_and_layout() {
                     assert_eq!(decoded.shape, desc);
                     assert_eq!(decoded.positions, Positions::All);
                 }
-                Some(_) => assert!(kept < desc.tokens() && kept > 0, "{text} kept {kept}"),
+                Some(_) => {
+                    assert!(kept < desc.tokens(), "{text} kept all {kept} tokens");
+                    assert!(kept > 0, "{text} kept no token");
+                }
             }
             // Every decoded value is the original one at its position, exactly for raw and
             // lossless, within the quantization step for quant.
@@ -121,7 +124,6 @@ fn every_codec_round_trips_every_dtype_and_layout() {
                 let end = decoded.shape.row(1, 0, 0) * desc.dtype.size();
                 assert!(out[start..end].iter().all(|&b| b == 0), "{text}: padding");
             }
-            let _ = c;
         }
     }
 }
@@ -276,7 +278,9 @@ fn error_is_zero_for_lossless_and_grows_as_quant_bits_shrink() {
     assert_eq!(lossless.mean_lost_mass(), 0.0);
     let errors: Vec<f32> =
         ["quant:bits=8", "quant:bits=4", "quant:bits=2"].iter().map(|t| error_of(t).mean_error()).collect();
-    assert!(errors[0] > 0.0 && errors[0] < errors[1] && errors[1] < errors[2], "{errors:?}");
+    assert!(errors[0] > 0.0, "8 bits cost nothing: {errors:?}");
+    assert!(errors[0] < errors[1], "4 bits no worse than 8: {errors:?}");
+    assert!(errors[1] < errors[2], "2 bits no worse than 4: {errors:?}");
 }
 
 #[test]
@@ -343,7 +347,8 @@ proptest! {
         if spec.drop.is_none() && !matches!(spec.encoding, kvhoard_kernels::Encoding::Quant { .. }) {
             prop_assert!(data == out, "bit-exact codec changed the block");
         }
-        prop_assert!(decoded.kept_tokens >= 1 && decoded.kept_tokens <= tokens as usize);
+        prop_assert!(decoded.kept_tokens >= 1, "no token kept");
+        prop_assert!(decoded.kept_tokens <= tokens as usize, "more tokens kept than given");
     }
 
     /// Arbitrary codec parameters and payloads, as a damaged disk could hand them over, on a

@@ -1,5 +1,7 @@
 //! Helpers shared by kvhoard's cross-crate tests.
 
+use std::io::Write as _;
+
 /// Deterministic pseudo-random bytes: block `id` of length `len`.
 pub fn block(id: u64, len: usize) -> Vec<u8> {
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA076_1D64_78BD_642F;
@@ -40,5 +42,27 @@ impl Rng {
     /// A value in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
+    }
+}
+
+/// Reports that the calling test cannot run here (it needs `capability`: `fuse`, `loop`,
+/// `python`, ...) and returns, so the caller can return too. A skipped test is not a passed
+/// one: the skip is written to stderr and appended to the file `KVHOARD_SKIP_LOG` names, which
+/// `scripts/test` counts and reports. If `KVHOARD_REQUIRE` lists `capability` (scripts/test sets
+/// it on a machine that has root and /dev/fuse), the test must run: the skip panics instead.
+pub fn skip(capability: &str, reason: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    let required = std::env::var("KVHOARD_REQUIRE").unwrap_or_default();
+    if required.split(',').any(|c| c.trim() == capability) {
+        panic!("{test} must run on this machine ({capability} is required here) but cannot: {reason}");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Ok(path) = std::env::var("KVHOARD_SKIP_LOG") {
+        let line = format!("{test}\t{capability}\t{reason}\n");
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+        if let Ok(mut file) = file {
+            let _ = file.write_all(line.as_bytes());
+        }
     }
 }

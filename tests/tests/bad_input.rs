@@ -184,11 +184,18 @@ struct LoopDevice(String);
 
 impl LoopDevice {
     fn attach(file: &Path) -> Option<LoopDevice> {
-        let out = Command::new("losetup").args(["--find", "--show"]).arg(file).output().ok()?;
+        let out = match Command::new("losetup").args(["--find", "--show"]).arg(file).output() {
+            Ok(out) => out,
+            Err(e) => {
+                kvhoard_tests::skip("loop", &format!("cannot run losetup ({e}); install util-linux"));
+                return None;
+            }
+        };
         if !out.status.success() {
-            eprintln!(
-                "SKIP: losetup failed ({}); raw block device test needs root and loop devices",
-                String::from_utf8_lossy(&out.stderr).trim()
+            let why = String::from_utf8_lossy(&out.stderr);
+            kvhoard_tests::skip(
+                "loop",
+                &format!("losetup failed ({}); the raw block device test needs root and loop devices", why.trim()),
             );
             return None;
         }

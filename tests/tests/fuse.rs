@@ -25,7 +25,7 @@ fn fuse_usable() -> bool {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     if !Path::new("/dev/fuse").exists() || !root {
-        eprintln!("SKIP: the FUSE tests need /dev/fuse and root");
+        kvhoard_tests::skip("fuse", "the FUSE tests need /dev/fuse and root");
         return false;
     }
     true
@@ -153,7 +153,8 @@ fn cp_cat_diff_ls_rm_mv_overwrite_and_persistence() {
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) }, 0);
     // SAFETY: statvfs returned 0 and filled it.
     let st = unsafe { st.assume_init() };
-    assert!(st.f_blocks * st.f_frsize >= 400 << 20 && st.f_bavail > 0);
+    assert!(st.f_blocks * st.f_frsize >= 400 << 20, "capacity {} blocks of {}", st.f_blocks, st.f_frsize);
+    assert!(st.f_bavail > 0, "no block available");
 
     // rm.
     sh("rm", &[&fx.path("default/b")]);
@@ -220,7 +221,7 @@ fn bad_input_gets_the_right_errno_and_the_mount_stays_up() {
 fn lmcache_file_layouts_round_trip_from_python() {
     let Some(fx) = Fixture::new() else { return };
     if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("SKIP: python3 not found");
+        kvhoard_tests::skip("python", "python3 not found");
         return;
     }
     let script = r#"

@@ -120,7 +120,8 @@ fn a_full_volume_reclaims_the_oldest_segment_and_keeps_accepting_puts() {
         s.put("default", &format!("k{i}"), &block(i, 60_000), &PutOptions::default()).unwrap();
     }
     let st = s.stats();
-    assert!(st.evicted_keys > 0 && st.segments_reclaimed > 0, "{st:?}");
+    assert!(st.evicted_keys > 0, "no key was evicted: {st:?}");
+    assert!(st.segments_reclaimed > 0, "no segment was reclaimed: {st:?}");
     assert_eq!(st.keys + st.evicted_keys, n);
     // The newest blocks survive; evicted ones are misses, never wrong bytes.
     assert_eq!(get(&s, &format!("k{}", n - 1)).unwrap(), block(n - 1, 60_000));
@@ -535,7 +536,8 @@ fn dram_tier_serves_without_reading_the_device() {
     assert_eq!((dram.hits, dram.misses, dram.admitted), (1, 0, 1));
     assert_eq!(dram.hit_bytes, 100_000);
     assert_eq!(dram.load_latency.count, 1);
-    assert!(dram.resident_bytes >= 100_000 && dram.resident_bytes <= dram.capacity_bytes);
+    assert!(dram.resident_bytes >= 100_000, "{dram:?}");
+    assert!(dram.resident_bytes <= dram.capacity_bytes, "{dram:?}");
 }
 
 #[test]
@@ -613,7 +615,8 @@ fn rename_moves_a_key_without_rewriting_its_bytes_and_survives_a_crash() {
     assert_eq!(get(&s, "b").as_deref(), Some(&bytes[..]));
     let meta = s.meta("default", "b").unwrap().unwrap();
     assert_eq!((meta.desc, meta.group_id), (desc, Some(9)));
-    assert!(meta.ttl_secs > 3590 && meta.ttl_secs <= 3600, "ttl {}", meta.ttl_secs);
+    assert!(meta.ttl_secs > 3590, "ttl {}", meta.ttl_secs);
+    assert!(meta.ttl_secs <= 3600, "ttl {}", meta.ttl_secs);
     // Missing source, and a rename onto itself.
     assert!(!s.rename("default", "nope", "c", Durability::Synced).unwrap());
     assert!(s.rename("default", "b", "b", Durability::Synced).unwrap());
@@ -949,7 +952,8 @@ fn pins_never_stop_puts_and_lapse_after_their_ttl() {
         assert!(s.pin("default", &key).unwrap());
     }
     let st = s.stats();
-    assert!(st.pins_overridden > 0 && st.segments_reclaimed > 0, "{st:?}");
+    assert!(st.pins_overridden > 0, "no pin was overridden: {st:?}");
+    assert!(st.segments_reclaimed > 0, "no segment was reclaimed: {st:?}");
     assert!(get(&s, "k0").is_none(), "the oldest went first when nothing else could");
     assert_eq!(get(&s, "k99").unwrap(), block(99, 60_000));
     // A pin taken before the last minute lapses: the next reclaim ignores it.

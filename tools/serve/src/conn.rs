@@ -238,7 +238,8 @@ mod tests {
         drop(conn);
         let got = reader.join().unwrap();
         assert_eq!(got.len(), payload.len() + 8);
-        assert!(got.starts_with(b"head") && got.ends_with(b"tail"));
+        assert!(got.starts_with(b"head"), "the reply lost its head");
+        assert!(got.ends_with(b"tail"), "the reply lost its tail");
         assert!(got.get(4..4 + payload.len()) == Some(&payload[..]));
     }
 

@@ -1,0 +1,77 @@
+//! The io_uring backend on a real file: the device conformance suite, request splitting, and
+//! rings shared by threads. Skips (counted) where the kernel has no io_uring.
+
+use std::fs::File;
+
+use kvhoard_engine::device::{conformance, BlockDevice, DeviceError, UringConfig, UringDevice};
+use kvhoard_engine::AlignedBuf;
+
+fn device(len: u64, config: UringConfig) -> Option<(tempfile::TempDir, UringDevice)> {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("dev");
+    File::create(&path).unwrap().set_len(len).unwrap();
+    match UringDevice::open(&path, true, config) {
+        Ok(dev) => Some((dir, dev)),
+        Err(e) => {
+            kvhoard_tests::skip("io_uring", &format!("io_uring is not available here: {e}"));
+            None
+        }
+    }
+}
+
+#[test]
+fn passes_the_conformance_suite() {
+    let Some((_dir, dev)) = device(1 << 20, UringConfig::default()) else { return };
+    conformance::run(&dev);
+    assert_eq!(dev.capabilities().backend, "io_uring");
+}
+
+#[test]
+fn large_requests_are_split_and_reassembled_in_order() {
+    let config = UringConfig { rings: 2, queue_depth: 4, chunk_bytes: 8192 };
+    let Some((_dir, dev)) = device(4 << 20, config) else { return };
+    // 100 chunks through a queue of 4: many refills of the ring.
+    let mut w = AlignedBuf::zeroed(800 * 1024);
+    w.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 7 % 251) as u8);
+    dev.write_at(&w, 4096).unwrap();
+    let mut r = AlignedBuf::zeroed(800 * 1024);
+    dev.read_at(&mut r, 4096).unwrap();
+    assert!(r[..] == w[..]);
+    // The same bytes as three reads of many chunks each, in flight together.
+    let mut r = AlignedBuf::zeroed(800 * 1024);
+    let (head, rest) = r.split_at_mut(4096);
+    let (middle, tail) = rest.split_at_mut(500 * 1024);
+    dev.read_many(&mut [(tail, 4096 + 4096 + 500 * 1024), (head, 4096), (middle, 8192)]).unwrap();
+    assert!(r[..] == w[..]);
+}
+
+#[test]
+fn reading_past_the_end_of_the_file_is_an_error() {
+    let Some((dir, dev)) = device(1 << 20, UringConfig::default()) else { return };
+    File::options().write(true).open(dir.path().join("dev")).unwrap().set_len(8192).unwrap();
+    let mut buf = AlignedBuf::zeroed(64 << 10);
+    assert!(matches!(dev.read_at(&mut buf, 0), Err(DeviceError::Io { .. })));
+}
+
+#[test]
+fn many_threads_share_the_rings() {
+    let Some((_dir, dev)) = device(16 << 20, UringConfig { rings: 2, queue_depth: 8, chunk_bytes: 64 << 10 }) else {
+        return;
+    };
+    std::thread::scope(|s| {
+        for t in 0..6u64 {
+            let dev = &dev;
+            s.spawn(move || {
+                let mut w = AlignedBuf::zeroed(1 << 20);
+                w.fill(t as u8 + 1);
+                for round in 0..5u64 {
+                    let off = (t * 2 + round % 2) << 20;
+                    dev.write_at(&w, off).unwrap();
+                    let mut r = AlignedBuf::zeroed(1 << 20);
+                    dev.read_at(&mut r, off).unwrap();
+                    assert!(r.iter().all(|&b| b == t as u8 + 1));
+                }
+            });
+        }
+    });
+}
