@@ -20,7 +20,7 @@ use crate::log::seal::write_seal;
 use crate::log::{Loc, OpenSeg, SegInfo, SegState};
 
 /// What opening the volume found and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RecoveryReport {
     /// The checkpoint used, if any.
     pub checkpoint_seq: Option<u64>,

@@ -11,18 +11,22 @@ pub fn encode(bytes: &[u8]) -> String {
     out
 }
 
-/// A 32-byte hash (a blake3 content hash) from its 64 hex digits, in either case.
-pub fn decode_hash(text: &str) -> Option<[u8; 32]> {
-    let digits = text.as_bytes();
-    if digits.len() != 64 {
+/// The bytes that hex digits (in either case) spell; whitespace between them is ignored, so
+/// that a dump written in words reads back. `None` for anything else, or an odd digit count.
+pub fn decode(text: &str) -> Option<Vec<u8>> {
+    let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    if !digits.len().is_multiple_of(2) {
         return None;
     }
-    let mut out = [0u8; 32];
-    for (o, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
-        let [hi, lo] = pair else { return None };
-        *o = (digit(*hi)? << 4) | digit(*lo)?;
+    digits.chunks_exact(2).map(|pair| Some((digit(*pair.first()?)? << 4) | digit(*pair.get(1)?)?)).collect()
+}
+
+/// A 32-byte hash (a blake3 content hash) from its 64 hex digits, in either case.
+pub fn decode_hash(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
     }
-    Some(out)
+    decode(text)?.try_into().ok()
 }
 
 fn digit(c: u8) -> Option<u8> {
@@ -49,5 +53,7 @@ mod tests {
         assert_eq!(decode_hash(&"0".repeat(63)), None);
         assert_eq!(decode_hash(&"g".repeat(64)), None);
         assert_eq!(decode_hash(&"é".repeat(32)), None);
+        assert_eq!(decode("0a ff\n10"), Some(vec![0x0a, 0xff, 0x10]));
+        assert_eq!(decode("abc"), None);
     }
 }

@@ -21,6 +21,7 @@ pub mod params;
 mod positions;
 pub mod quality;
 mod queries;
+pub mod rng;
 mod shape;
 mod spec;
 pub mod synth;

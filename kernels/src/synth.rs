@@ -19,6 +19,7 @@
 //! models.
 
 use crate::elem::Elements as _;
+use crate::rng::{mix, Rng};
 use crate::{Dtype, KvShape, Queries};
 
 /// Shape and statistics of generated blocks.
@@ -66,6 +67,7 @@ impl Synth {
         let (tokens, d, size) = (desc.tokens(), desc.head_dim(), desc.dtype.size());
         let mut k = vec![0f32; d];
         let mut v = vec![0f32; d];
+        let rotary = Rope::new(d, self.first_position, tokens);
         for layer in 0..desc.layers() {
             for head in 0..desc.heads() {
                 let shape = HeadShape::new(self, layer, head);
@@ -87,7 +89,7 @@ impl Synth {
                         let value = shape.value_scale[c] * rng.normal();
                         v[c] = if sink { 0.1 * value } else { value };
                     }
-                    rope(&mut k, self.first_position + t);
+                    rotary.apply(&mut k, self.first_position + t);
                     let at = |kv| (desc.row(kv, layer, t) + head * d) * size;
                     desc.dtype.store(&k, &mut bytes[at(0)..at(0) + d * size]);
                     desc.dtype.store(&v, &mut bytes[at(1)..at(1) + d * size]);
@@ -157,7 +159,7 @@ impl HeadShape {
         let pairs = synth.outlier_channels.div_ceil(2).min(half - low.min(half));
         let mut outliers = Vec::new();
         while outliers.len() < pairs {
-            let pair = low + (rng.next() % (half - low) as u64) as usize;
+            let pair = low + (rng.next_u64() % (half - low) as u64) as usize;
             if !outliers.contains(&pair) {
                 outliers.push(pair);
             }
@@ -196,69 +198,40 @@ impl HeadShape {
 
 /// Rotary position embedding, pairs `(i, i + d/2)` (the "rotate half" convention of Llama).
 fn rope(x: &mut [f32], position: usize) {
-    let d = x.len();
-    let half = d / 2;
-    for i in 0..half {
-        let theta = position as f64 * ROPE_BASE.powf(-2.0 * i as f64 / d as f64);
-        let (sin, cos) = (theta.sin() as f32, theta.cos() as f32);
-        let (a, b) = (x[i], x[i + half]);
-        x[i] = a * cos - b * sin;
-        x[i + half] = a * sin + b * cos;
-    }
+    Rope::new(x.len(), position, 1).apply(x, position);
 }
 
-fn mix(seed: u64, a: u64, b: u64, stream: u64) -> u64 {
-    let mut s = SplitMix(seed ^ 0x6b76_686f_6172_6400);
-    s.next();
-    let mut x = s.next() ^ a.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    x = SplitMix(x).next() ^ b.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
-    SplitMix(x ^ stream).next()
+/// The rotary angles of a run of positions, computed once for every layer and head that uses
+/// them (`sin_cos` per pair and position dominated generation when done per head).
+struct Rope {
+    first: usize,
+    half: usize,
+    /// `(sin, cos)` per position, then per pair.
+    table: Vec<(f32, f32)>,
 }
 
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-/// xoshiro256++: small, fast, and the same on every machine.
-pub(crate) struct Rng([u64; 4]);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        let mut s = SplitMix(seed);
-        Rng([s.next(), s.next(), s.next(), s.next()])
+impl Rope {
+    fn new(d: usize, first: usize, positions: usize) -> Rope {
+        let half = d / 2;
+        let inverse: Vec<f64> = (0..half).map(|i| ROPE_BASE.powf(-2.0 * i as f64 / d as f64)).collect();
+        let mut table = Vec::with_capacity(positions * half);
+        for position in first..first + positions {
+            for &f in &inverse {
+                let (sin, cos) = (position as f64 * f).sin_cos();
+                table.push((sin as f32, cos as f32));
+            }
+        }
+        Rope { first, half, table }
     }
 
-    pub(crate) fn next(&mut self) -> u64 {
-        let s = &mut self.0;
-        let result = (s[0].wrapping_add(s[3])).rotate_left(23).wrapping_add(s[0]);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        result
-    }
-
-    /// Uniform in [0, 1).
-    pub(crate) fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-
-    /// Standard normal (Box-Muller; one of the pair is discarded to keep the state simple).
-    pub(crate) fn normal(&mut self) -> f32 {
-        let u1 = ((self.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
-        let u2 = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    fn apply(&self, x: &mut [f32], position: usize) {
+        let at = (position - self.first) * self.half;
+        let (lo, hi) = x.split_at_mut(self.half);
+        for ((a, b), &(sin, cos)) in lo.iter_mut().zip(hi.iter_mut()).zip(&self.table[at..at + self.half]) {
+            let (x0, x1) = (*a, *b);
+            *a = x0 * cos - x1 * sin;
+            *b = x0 * sin + x1 * cos;
+        }
     }
 }
 

@@ -283,15 +283,18 @@ fn error_is_zero_for_lossless_and_grows_as_quant_bits_shrink() {
     assert!(errors[1] < errors[2], "2 bits no worse than 4: {errors:?}");
 }
 
+/// Every dropping method keeps nested sets as the keep fraction shrinks, so the attention mass on
+/// dropped tokens can only grow; the output error is not monotone in general (renormalised
+/// attention over fewer tokens can land closer), but dropping 80% costs more than dropping 20%.
 #[test]
-fn error_and_lost_mass_grow_as_keep_fraction_shrinks() {
+fn lost_mass_grows_and_error_appears_as_keep_fraction_shrinks() {
     let synth = Synth::new(2, 128, 2, 64, 22);
     let desc = synth.desc;
     let data = synth.generate();
     let queries = synth.queries(8, 2);
     for method in ["drop-knorm", "drop-keydiff", "drop-streaming", "drop-paged", "drop-snapkv"] {
         for probes in [None, Some(&queries)] {
-            let mut last = (0.0f32, 0.0f32);
+            let mut seen: Vec<(f32, f32)> = Vec::new();
             for keep in [1.0, 0.8, 0.6, 0.4, 0.2] {
                 let spec = CodecSpec::parse(&format!("{method}:keep={keep}")).unwrap();
                 let mut codec = CpuCodec::new(spec).unwrap();
@@ -301,15 +304,14 @@ fn error_and_lost_mass_grow_as_keep_fraction_shrinks() {
                 payload.truncate(compressed.len);
                 let (out, decoded) = decode_stored(&desc, &compressed, &payload).unwrap();
                 let report = quality::estimate(&desc, &data, &decoded, &out, probes).unwrap();
-                let now = (report.mean_error(), report.mean_lost_mass());
-                assert!(
-                    now.0 >= last.0 - 1e-6 && now.1 >= last.1 - 1e-6,
-                    "{method} keep {keep} probes {}: {now:?} after {last:?}",
-                    probes.is_some()
-                );
-                last = now;
+                seen.push((report.mean_error(), report.mean_lost_mass()));
             }
-            assert!(last.0 > 0.0, "{method}: dropping 80% must cost something");
+            let with = if probes.is_some() { "client queries" } else { "derived probes" };
+            for pair in seen.windows(2) {
+                assert!(pair[1].1 >= pair[0].1 - 1e-6, "{method}, {with}: lost mass shrank: {seen:?}");
+            }
+            assert_eq!(seen[0], (0.0, 0.0), "{method}, {with}: keeping everything cost something");
+            assert!(seen[4].0 > seen[1].0, "{method}, {with}: dropping 80% cost no more than 20%: {seen:?}");
         }
     }
 }

@@ -106,8 +106,7 @@ fn lm_get(s: &mut TcpStream, key: &str) -> Option<(WireMeta, Vec<u8>)> {
 }
 
 fn hex(words: &str) -> Vec<u8> {
-    let s: String = words.split_whitespace().collect();
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    kvhoard_engine::format::hex::decode(words).unwrap()
 }
 
 /// True once the server has closed `s` (reads return EOF or reset).

@@ -156,48 +156,8 @@ pub enum Command {
         dir: Option<PathBuf>,
         #[command(subcommand)]
         suite: Option<BenchSuite>,
-        /// What to measure.
-        #[arg(long, value_enum, default_value = "throughput")]
-        workload: crate::commands::bench::Workload,
-        /// Size of each block [default: 2MiB for throughput, 8 bytes for restart].
-        #[arg(long, value_parser = parse_size, value_name = "SIZE")]
-        block_size: Option<u64>,
-        /// Bytes to put and get (throughput).
-        #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
-        total: u64,
-        /// Client threads.
-        #[arg(long, default_value_t = 1, value_name = "N")]
-        threads: usize,
-        /// Blocks per put call (`put_batch`: one reservation, writes in flight together, one
-        /// group commit), as LMCache's batched adapters store.
-        #[arg(long, default_value_t = 1, value_name = "N")]
-        batch: usize,
-        /// Durability of the puts (see put).
-        #[arg(long, default_value = "written", value_parser = parse_durability, value_name = "LEVEL")]
-        durability: Durability,
-        /// Order of the gets.
-        #[arg(long, default_value = "seq", value_parser = ["seq", "random"], value_name = "PATTERN")]
-        read_pattern: String,
-        /// Tier the gets are served from: ssd (the log, DRAM tier off, page cache bypassed) or
-        /// dram (a DRAM tier holding every block; gets copy into the caller's buffer).
-        #[arg(long, value_enum, default_value = "ssd")]
-        tier: crate::commands::bench::Tier,
-        /// Also run the same puts and gets on one file per block in DIR (O_DIRECT, as the
-        /// engine), the simplest alternative, and report the ratios.
-        #[arg(long)]
-        compare_files: bool,
-        /// Number of blocks (restart).
-        #[arg(long, default_value_t = 1_000_000, value_name = "N")]
-        blocks: u64,
-        /// Bytes of unused record buffers the engine keeps for reuse (0 disables the pool).
-        #[arg(long, value_parser = parse_size, default_value = "256MiB", value_name = "SIZE")]
-        buffer_pool: u64,
-        /// Keep the volume afterwards.
-        #[arg(long)]
-        keep: bool,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        flags: crate::commands::bench::BenchFlags,
     },
     /// Mount a volume as a file system (FUSE), in the foreground.
     ///
@@ -239,57 +199,8 @@ pub enum Command {
     Serve {
         /// Directory or block device.
         volume: PathBuf,
-        /// Address for LMCache's lm:// protocol.
-        #[arg(long, value_name = "ADDR")]
-        lm: Option<String>,
-        /// Address for RESP (LMCache's resp:// and redis:// connectors).
-        #[arg(long, value_name = "ADDR")]
-        resp: Option<String>,
-        /// Address for Prometheus metrics over HTTP (GET /metrics).
-        #[arg(long, value_name = "ADDR")]
-        metrics: Option<String>,
-        /// Allow listening on addresses other than loopback.
-        #[arg(long)]
-        allow_remote: bool,
-        /// Namespace for keys stored through lm://.
-        #[arg(long, default_value = "lmcache", value_name = "NS")]
-        lm_namespace: String,
-        /// Namespace for keys stored through RESP.
-        #[arg(long, default_value = "lmcache", value_name = "NS")]
-        resp_namespace: String,
-        /// File whose first line is the password RESP clients must AUTH with.
-        #[arg(long, value_name = "FILE")]
-        resp_password_file: Option<PathBuf>,
-        /// Largest object accepted; larger ones are refused (read and dropped).
-        #[arg(long, value_parser = parse_size, default_value = "256MiB", value_name = "SIZE")]
-        max_object_size: u64,
-        /// Most connections at once; more are closed as they arrive.
-        #[arg(long, default_value_t = 1024, value_name = "N")]
-        max_connections: usize,
-        /// Payload bytes held in memory at once over all connections; requests wait for room.
-        #[arg(long, value_parser = parse_size, default_value = "2GiB", value_name = "SIZE")]
-        max_inflight: u64,
-        /// Seconds a client may stall in the middle of a request before it is disconnected (also
-        /// how long shutdown waits for requests in progress).
-        #[arg(long, default_value_t = 30, value_name = "SECS")]
-        request_timeout: u64,
-        /// Seconds a connection may sit idle between requests (0 = forever; LMCache keeps its
-        /// connections open).
-        #[arg(long, default_value_t = 0, value_name = "SECS")]
-        idle_timeout: u64,
-        /// Durability of stored objects (see put); a RESP SET is answered at this level.
-        #[arg(long, default_value = "written", value_parser = parse_durability, value_name = "LEVEL")]
-        durability: Durability,
-        /// Seconds until every stored object expires (RESP SET EX/PX overrides).
-        #[arg(long, value_name = "SECS")]
-        ttl: Option<u32>,
-        /// Bytes of objects to keep in a DRAM tier above the log (0 = none).
-        #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
-        dram_tier: u64,
-        /// Network threads (0: one per CPU, at most 64). Sending a payload copies it into the
-        /// socket on the sending thread, so concurrent connections need several.
-        #[arg(long, default_value_t = 0, value_name = "N")]
-        threads: usize,
+        #[command(flatten)]
+        args: crate::commands::serve::ServeArgs,
     },
     /// Check a volume and, with --repair, repair it.
     ///
@@ -393,7 +304,7 @@ fn parse_backend(s: &str) -> Result<kvhoard_engine::IoBackend, String> {
     s.parse()
 }
 
-fn parse_durability(s: &str) -> Result<Durability, String> {
+pub(crate) fn parse_durability(s: &str) -> Result<Durability, String> {
     s.parse()
 }
 

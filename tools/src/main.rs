@@ -40,86 +40,13 @@ fn main() -> ExitCode {
             let opts = kvhoard_engine::StoreOptions { dram_tier_bytes: dram_tier, ..opts };
             commands::mount::run(&volume, &mountpoint, threads, durability, allow_other, opts)
         }
-        Command::Serve {
-            volume,
-            lm,
-            resp,
-            metrics,
-            allow_remote,
-            lm_namespace,
-            resp_namespace,
-            resp_password_file,
-            max_object_size,
-            max_connections,
-            max_inflight,
-            request_timeout,
-            idle_timeout,
-            durability,
-            ttl,
-            dram_tier,
-            threads,
-        } => {
-            let args = commands::serve::ServeArgs {
-                lm,
-                resp,
-                metrics,
-                allow_remote,
-                lm_namespace,
-                resp_namespace,
-                resp_password_file,
-                max_object_size,
-                max_connections,
-                max_inflight,
-                request_timeout_secs: request_timeout,
-                idle_timeout_secs: idle_timeout,
-                durability,
-                ttl,
-                threads,
-            };
-            commands::serve::run(&volume, &args, kvhoard_engine::StoreOptions { dram_tier_bytes: dram_tier, ..opts })
-        }
+        Command::Serve { volume, args } => commands::serve::run(&volume, &args, opts),
         Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
         Command::Inspect { volume, what, namespace, json } => commands::inspect::run(&volume, what, &namespace, json),
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
         Command::Bench { suite: Some(crate::cli::BenchSuite::Codecs(args)), .. } => commands::bench_codecs::run(&args),
-        Command::Bench {
-            dir: Some(dir),
-            suite: None,
-            workload,
-            block_size,
-            total,
-            threads,
-            batch,
-            durability,
-            read_pattern,
-            tier,
-            compare_files,
-            blocks,
-            buffer_pool,
-            keep,
-            json,
-        } => {
-            let args = commands::bench::BenchArgs {
-                workload,
-                block_size: block_size.unwrap_or(match workload {
-                    commands::bench::Workload::Throughput => 2 << 20,
-                    commands::bench::Workload::Restart => 8,
-                }),
-                total,
-                threads,
-                batch,
-                durability,
-                random_reads: read_pattern == "random",
-                tier,
-                compare_files,
-                blocks,
-                keep,
-                json,
-                direct_io: !cli.no_direct_io,
-                io_backend: cli.io_backend,
-                buffer_pool_bytes: buffer_pool as usize,
-            };
-            commands::bench::run(&dir, &args)
+        Command::Bench { dir: Some(dir), suite: None, flags } => {
+            commands::bench::run(&dir, &commands::bench::BenchArgs::new(&flags, !cli.no_direct_io, cli.io_backend))
         }
         Command::Bench { dir: None, .. } => Err(anyhow::anyhow!("bench needs a DIR, or `codecs`")),
     };

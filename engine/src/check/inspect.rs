@@ -104,7 +104,7 @@ impl VolumeView {
                 expires_unix_s: k.expires_unix_s,
             });
         }
-        let hash = parse_hash(key_or_hash)?;
+        let hash = kvhoard_format::hex::decode_hash(key_or_hash)?;
         let slot = self.index.content_slot(&content_fp(namespace, &hash))?;
         let c = self.index.content(slot)?;
         Some(Found { block: c.record, key_record: None, key: None, expires_unix_s: 0 })
@@ -151,7 +151,9 @@ impl VolumeView {
             s.namespaces.insert(name.clone(), (c.keys, c.blocks, c.logical_bytes, c.unique_bytes));
         }
         for c in self.index.blocks() {
-            let codec = self.header(c.record).map_or("unknown".to_string(), |h| codec_name(h.compression.codec_id));
+            let codec = self
+                .header(c.record)
+                .map_or("unknown".to_string(), |h| kvhoard_format::CompressionMeta::codec_name(h.compression.codec_id));
             *s.codecs.entry(codec).or_default() += 1;
         }
         s.tiers.insert("ssd".into(), s.blocks);
@@ -230,14 +232,6 @@ pub struct Summary {
     pub age: BTreeMap<String, u64>,
 }
 
-/// A codec's name.
-pub fn codec_name(id: u16) -> String {
-    match id {
-        0 => "none".into(),
-        other => format!("codec-{other}"),
-    }
-}
-
 /// A record kind's name.
 pub fn kind_name(kind: RecordKind) -> &'static str {
     match kind {
@@ -245,15 +239,4 @@ pub fn kind_name(kind: RecordKind) -> &'static str {
         RecordKind::Link => "link",
         RecordKind::Tombstone => "tombstone",
     }
-}
-
-fn parse_hash(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }

@@ -100,6 +100,9 @@ impl MemDevice {
     }
 }
 
+/// The tear pattern of [`CrashMode::Random`]: pinned, not kvhoard's general generator
+/// (`kvhoard_kernels::rng`), because recorded regression tests replay crashes by their seed and
+/// must keep tearing the same writes the same way.
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;

@@ -12,7 +12,7 @@ use crate::recovery::RecoveryReport;
 use crate::tier::{TierCounters, TierStats};
 
 /// One namespace's share of the volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct NamespaceStats {
     /// Name.
     pub name: String,
@@ -29,7 +29,7 @@ pub struct NamespaceStats {
 }
 
 /// A snapshot of the store's state and counters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[expect(missing_docs, reason = "the counters are named for what they count; docs/operations.md explains them")]
 pub struct Stats {
     pub capacity_bytes: u64,

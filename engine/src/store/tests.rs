@@ -26,15 +26,7 @@ fn reopen(dev: &Arc<MemDevice>, mode: CrashMode) -> (Arc<MemDevice>, Store) {
 }
 
 fn block(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    kvhoard_kernels::rng::bytes(seed, len)
 }
 
 fn synced() -> PutOptions {

@@ -16,7 +16,7 @@ pub struct LatencyHistogram {
 }
 
 /// Percentiles of a [`LatencyHistogram`], in nanoseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[expect(missing_docs, reason = "named for what they are")]
 pub struct LatencySummary {
     pub count: u64,

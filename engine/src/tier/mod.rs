@@ -17,7 +17,7 @@ pub use dram::{DramTier, TierCounters};
 pub use latency::{LatencyHistogram, LatencySummary};
 
 /// What one tier reports in [`crate::Stats`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct TierStats {
     /// `dram` or `ssd`.
     pub tier: String,

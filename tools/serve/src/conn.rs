@@ -1,5 +1,5 @@
-//! What every connection does, whatever its protocol: accepting under the connection limit,
-//! waiting for the next request (or shutdown), and reading and writing with a progress timeout.
+//! What every connection does, whatever its protocol: waiting for the next request (or
+//! shutdown), and reading and writing with a progress timeout.
 //!
 //! A reply larger than the socket's send buffer is finished with blocking sends ([`write_all`]):
 //! a thread waiting inside the kernel is handed the freed room as soon as the peer reads, where
@@ -7,17 +7,14 @@
 //! between (11 % slower for 32 MiB replies over loopback; docs/benchmarks.md).
 
 use std::io::IoSlice;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::SockRef;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 
-use crate::metrics::Proto;
-use crate::{lm, resp, Shared};
+use crate::Shared;
 
 /// Bytes of each connection's read buffer; payloads larger than this are read straight into
 /// their own buffers.
@@ -39,52 +36,6 @@ pub(crate) enum End {
     Lost(String),
     /// The client broke the protocol; the connection cannot go on.
     Protocol(String),
-}
-
-pub(crate) async fn accept_loop(listener: TcpListener, proto: Proto, shared: Arc<Shared>, connections: Arc<Semaphore>) {
-    let mut shutdown = shared.shutdown.clone();
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.changed() => return,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // EMFILE and the like: back off instead of spinning, keep serving the others.
-                tracing::warn!("{proto:?} listener: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-            shared.metrics.refused(proto);
-            tracing::warn!(%peer, "refusing a {proto:?} connection: {} connections open (--max-connections)", shared.opts.max_connections);
-            continue;
-        };
-        tokio::spawn(run(stream, peer, proto, Arc::clone(&shared), permit));
-    }
-}
-
-async fn run(stream: TcpStream, peer: SocketAddr, proto: Proto, shared: Arc<Shared>, _permit: OwnedSemaphorePermit) {
-    // Replies are written whole with one call; Nagle would only delay the last segment.
-    let _ = stream.set_nodelay(true);
-    shared.metrics.opened(proto);
-    tracing::debug!(%peer, "{proto:?} connection opened");
-    let conn = BufReader::with_capacity(READ_BUFFER, stream);
-    let end = match proto {
-        Proto::Lm => lm::serve(conn, &shared).await,
-        Proto::Resp => resp::serve(conn, &shared).await,
-    };
-    match end {
-        End::Done => tracing::debug!(%peer, "{proto:?} connection closed"),
-        End::Lost(why) => tracing::info!(%peer, "{proto:?} connection lost: {why}"),
-        End::Protocol(why) => {
-            shared.metrics.protocol_error(proto);
-            tracing::warn!(%peer, "closing a {proto:?} connection: {why}");
-        }
-    }
-    shared.metrics.closed(proto);
 }
 
 /// Waits until the client has sent the first byte of its next request. `Err(End::Done)` when
@@ -200,6 +151,7 @@ fn send_blocking(stream: &TcpStream, mut rest: &mut [IoSlice<'_>], timeout: Dura
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpListener;
 
     /// A server-side connection and the client's end of it.
     async fn pair() -> (Conn, std::net::TcpStream) {

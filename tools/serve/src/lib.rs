@@ -15,16 +15,22 @@
 
 pub mod budget;
 mod conn;
+mod listen;
 pub mod lm;
 pub mod metrics;
+mod options;
 pub mod resp;
+mod shared;
+
+pub use options::ServeOptions;
+pub(crate) use shared::Shared;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvhoard_engine::buffer::BufferPool;
-use kvhoard_engine::{Block, Durability, ReadOptions, Resident, Store};
+use kvhoard_engine::Store;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -32,65 +38,6 @@ use tokio::task::JoinHandle;
 
 use crate::budget::Budget;
 use crate::metrics::{Metrics, Proto};
-
-/// How to serve.
-#[derive(Debug, Clone)]
-pub struct ServeOptions {
-    /// Address for `lm://`, if any.
-    pub lm: Option<SocketAddr>,
-    /// Address for RESP, if any.
-    pub resp: Option<SocketAddr>,
-    /// Address for Prometheus metrics over HTTP, if any.
-    pub metrics: Option<SocketAddr>,
-    /// Namespace the `lm://` listener stores keys in.
-    pub lm_namespace: String,
-    /// Namespace the RESP listener stores keys in.
-    pub resp_namespace: String,
-    /// Password RESP clients must give with AUTH (or HELLO ... AUTH) before anything else.
-    pub resp_password: Option<String>,
-    /// Largest payload accepted (bytes).
-    pub max_object_bytes: u64,
-    /// Most connections at once over all listeners; more are closed when accepted.
-    pub max_connections: usize,
-    /// Bytes of payload held in memory at once over all connections; a request waits for room.
-    pub inflight_bytes: u64,
-    /// A client that starts a request and then makes no progress for this long is disconnected.
-    pub request_timeout: Duration,
-    /// A client idle between requests for this long is disconnected (`None`: never).
-    pub idle_timeout: Option<Duration>,
-    /// When a stored object is acknowledged (RESP SET) or counted as stored (lm:// PUT).
-    pub durability: Durability,
-    /// TTL given to every stored object, unless the client sets one (RESP `SET ... EX`).
-    pub ttl_secs: Option<u32>,
-    /// Runtime threads for the network; 0 picks one per CPU (at most 64). The kernel copies a
-    /// payload into the socket in the context of the thread that sends it, so one thread would
-    /// serve every connection's sends from one core.
-    pub threads: usize,
-    /// Most threads running engine calls at once.
-    pub blocking_threads: usize,
-}
-
-impl Default for ServeOptions {
-    fn default() -> Self {
-        ServeOptions {
-            lm: None,
-            resp: None,
-            metrics: None,
-            lm_namespace: "lmcache".into(),
-            resp_namespace: "lmcache".into(),
-            resp_password: None,
-            max_object_bytes: 256 << 20,
-            max_connections: 1024,
-            inflight_bytes: 2 << 30,
-            request_timeout: Duration::from_secs(30),
-            idle_timeout: None,
-            durability: Durability::Written,
-            ttl_secs: None,
-            threads: 0,
-            blocking_threads: 64,
-        }
-    }
-}
 
 /// Why the server could not start.
 #[derive(Debug, Error)]
@@ -114,39 +61,6 @@ pub enum ServeError {
     /// An option is out of range.
     #[error("invalid option: {0}")]
     Invalid(String),
-}
-
-/// What every connection shares.
-pub(crate) struct Shared {
-    pub store: Arc<Store>,
-    pub opts: ServeOptions,
-    pub metrics: Arc<Metrics>,
-    pub budget: Budget,
-    /// Payload buffers, recycled.
-    pub pool: Arc<BufferPool>,
-    pub shutdown: watch::Receiver<bool>,
-    /// Connections that may finish a large reply with blocking sends at once (each holds a
-    /// blocking-pool thread meanwhile): half the pool, so engine calls always find threads.
-    pub blocking_sends: Semaphore,
-}
-
-impl Shared {
-    /// Gets a block: from memory right here when it is resident (no thread hand-off on a DRAM-tier
-    /// hit), otherwise on the blocking pool, where a device read may wait.
-    pub(crate) async fn get(&self, namespace: &str, key: String) -> Result<Option<Block>, String> {
-        match self.store.get_resident(namespace, &key, ReadOptions::default()) {
-            Ok(Resident::Block(block)) => return Ok(Some(block)),
-            Ok(Resident::Absent) => return Ok(None),
-            Ok(Resident::OnDevice) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-        let store = Arc::clone(&self.store);
-        let namespace = namespace.to_string();
-        match tokio::task::spawn_blocking(move || store.get(&namespace, &key, ReadOptions::default())).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
-    }
 }
 
 /// The addresses actually bound (a port 0 becomes the port the kernel chose).
@@ -235,7 +149,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
     let mut accept = Vec::new();
     for (listener, proto) in [(lm, Proto::Lm), (resp, Proto::Resp)] {
         if let Some(listener) = listener {
-            let task = conn::accept_loop(listener, proto, Arc::clone(&shared), Arc::clone(&connections));
+            let task = listen::accept_loop(listener, proto, Arc::clone(&shared), Arc::clone(&connections));
             accept.push(runtime.spawn(task));
         }
     }

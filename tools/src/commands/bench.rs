@@ -22,9 +22,58 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions, VolumeFiles};
+use kvhoard_kernels::rng::Rng;
 use serde_json::json;
 
 use crate::size::human;
+
+/// The flags of `bench DIR`, as parsed; [`BenchArgs::new`] settles the defaults that depend on
+/// others and adds the global flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchFlags {
+    /// What to measure.
+    #[arg(long, value_enum, default_value = "throughput")]
+    pub workload: Workload,
+    /// Size of each block [default: 2MiB for throughput, 8 bytes for restart].
+    #[arg(long, value_parser = crate::size::parse_size, value_name = "SIZE")]
+    pub block_size: Option<u64>,
+    /// Bytes to put and get (throughput).
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "1GiB", value_name = "SIZE")]
+    pub total: u64,
+    /// Client threads.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub threads: usize,
+    /// Blocks per put call (`put_batch`: one reservation, writes in flight together, one
+    /// group commit), as LMCache's batched adapters store.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub batch: usize,
+    /// Durability of the puts (see put).
+    #[arg(long, default_value = "written", value_parser = crate::cli::parse_durability, value_name = "LEVEL")]
+    pub durability: Durability,
+    /// Order of the gets.
+    #[arg(long, default_value = "seq", value_parser = ["seq", "random"], value_name = "PATTERN")]
+    pub read_pattern: String,
+    /// Tier the gets are served from: ssd (the log, DRAM tier off, page cache bypassed) or
+    /// dram (a DRAM tier holding every block; gets copy into the caller's buffer).
+    #[arg(long, value_enum, default_value = "ssd")]
+    pub tier: Tier,
+    /// Also run the same puts and gets on one file per block in DIR (O_DIRECT, as the
+    /// engine), the simplest alternative, and report the ratios.
+    #[arg(long)]
+    pub compare_files: bool,
+    /// Number of blocks (restart).
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pub blocks: u64,
+    /// Bytes of unused record buffers the engine keeps for reuse (0 disables the pool).
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "256MiB", value_name = "SIZE")]
+    pub buffer_pool: u64,
+    /// Keep the volume afterwards.
+    #[arg(long)]
+    pub keep: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// The benchmark's settings, validated.
 #[derive(Debug, Clone)]
@@ -44,6 +93,32 @@ pub struct BenchArgs {
     pub direct_io: bool,
     pub io_backend: kvhoard_engine::IoBackend,
     pub buffer_pool_bytes: usize,
+}
+
+impl BenchArgs {
+    /// The settings `flags` and the global flags ask for.
+    pub fn new(flags: &BenchFlags, direct_io: bool, io_backend: kvhoard_engine::IoBackend) -> BenchArgs {
+        BenchArgs {
+            workload: flags.workload,
+            block_size: flags.block_size.unwrap_or(match flags.workload {
+                Workload::Throughput => 2 << 20,
+                Workload::Restart => 8,
+            }),
+            total: flags.total,
+            threads: flags.threads,
+            batch: flags.batch,
+            durability: flags.durability,
+            random_reads: flags.read_pattern == "random",
+            tier: flags.tier,
+            compare_files: flags.compare_files,
+            blocks: flags.blocks,
+            keep: flags.keep,
+            json: flags.json,
+            direct_io,
+            io_backend,
+            buffer_pool_bytes: flags.buffer_pool as usize,
+        }
+    }
 }
 
 /// Which tier serves the gets.
@@ -404,13 +479,7 @@ where
 fn read_order(count: u64, random: bool) -> Vec<u64> {
     let mut order: Vec<u64> = (0..count).collect();
     if random {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for i in (1..order.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            order.swap(i, (x % (i as u64 + 1)) as usize);
-        }
+        Rng::new(0x9E37_79B9_7F4A_7C15).shuffle(&mut order);
     }
     order
 }
@@ -424,16 +493,7 @@ fn stamp(buf: &mut [u8], i: u64) {
 }
 
 fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    kvhoard_kernels::rng::bytes(seed, len)
 }
 
 fn percentile(sorted: &[u32], p: f64) -> u32 {

@@ -5,8 +5,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use kvhoard_engine::check::inspect::{codec_name, kind_name, VolumeView};
+use kvhoard_engine::check::inspect::{kind_name, VolumeView};
 use kvhoard_engine::check::scan::{HeaderState, SummaryState};
+use kvhoard_engine::format::CompressionMeta;
 use kvhoard_engine::Clock;
 use kvhoard_engine::Loc;
 use serde_json::json;
@@ -186,7 +187,7 @@ fn block(view: &VolumeView, namespace: &str, key: &str, json: bool) -> anyhow::R
         "dtype": h.desc.dtype.name(),
         "layout": h.desc.layout.name(),
         "shape": h.desc.shape,
-        "codec": codec_name(h.compression.codec_id),
+        "codec": CompressionMeta::codec_name(h.compression.codec_id),
         "codec_version": h.compression.codec_version,
         "codec_params": hex(&h.compression.params),
         "created_unix_ms": h.created_unix_ms,

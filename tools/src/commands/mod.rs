@@ -23,7 +23,4 @@ pub fn open(volume: &Path, opts: StoreOptions) -> anyhow::Result<Store> {
     Store::open(volume, opts).with_context(|| format!("cannot open volume {}", volume.display()))
 }
 
-/// Lower-case hex of a hash.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use kvhoard_engine::format::hex::encode as hex;

@@ -13,22 +13,59 @@ use kvhoard_serve::ServeOptions;
 use super::open;
 use super::signals::{block_signals, wait_signal};
 
-/// The command line of `serve`, parsed.
+/// The flags of `serve`: parsed here once, turned into the server's options by [`options`].
+#[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
+    /// Address for LMCache's lm:// protocol.
+    #[arg(long, value_name = "ADDR")]
     pub lm: Option<String>,
+    /// Address for RESP (LMCache's resp:// and redis:// connectors).
+    #[arg(long, value_name = "ADDR")]
     pub resp: Option<String>,
+    /// Address for Prometheus metrics over HTTP (GET /metrics).
+    #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Allow listening on addresses other than loopback.
+    #[arg(long)]
     pub allow_remote: bool,
+    /// Namespace for keys stored through lm://.
+    #[arg(long, default_value = "lmcache", value_name = "NS")]
     pub lm_namespace: String,
+    /// Namespace for keys stored through RESP.
+    #[arg(long, default_value = "lmcache", value_name = "NS")]
     pub resp_namespace: String,
+    /// File whose first line is the password RESP clients must AUTH with.
+    #[arg(long, value_name = "FILE")]
     pub resp_password_file: Option<PathBuf>,
+    /// Largest object accepted; larger ones are refused (read and dropped).
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "256MiB", value_name = "SIZE")]
     pub max_object_size: u64,
+    /// Most connections at once; more are closed as they arrive.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
     pub max_connections: usize,
+    /// Payload bytes held in memory at once over all connections; requests wait for room.
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "2GiB", value_name = "SIZE")]
     pub max_inflight: u64,
-    pub request_timeout_secs: u64,
-    pub idle_timeout_secs: u64,
+    /// Seconds a client may stall in the middle of a request before it is disconnected (also
+    /// how long shutdown waits for requests in progress).
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub request_timeout: u64,
+    /// Seconds a connection may sit idle between requests (0 = forever; LMCache keeps its
+    /// connections open).
+    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    pub idle_timeout: u64,
+    /// Durability of stored objects (see put); a RESP SET is answered at this level.
+    #[arg(long, default_value = "written", value_parser = crate::cli::parse_durability, value_name = "LEVEL")]
     pub durability: Durability,
+    /// Seconds until every stored object expires (RESP SET EX/PX overrides).
+    #[arg(long, value_name = "SECS")]
     pub ttl: Option<u32>,
+    /// Bytes of objects to keep in a DRAM tier above the log (0 = none).
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "1GiB", value_name = "SIZE")]
+    pub dram_tier: u64,
+    /// Network threads (0: one per CPU, at most 64). Sending a payload copies it into the
+    /// socket on the sending thread, so concurrent connections need several.
+    #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
 }
 
@@ -63,7 +100,7 @@ fn password(args: &ServeArgs) -> anyhow::Result<Option<String>> {
     Ok(std::env::var(PASSWORD_ENV).ok().filter(|p| !p.is_empty()))
 }
 
-fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
+pub fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
     let addr = |s: &Option<String>| s.as_deref().map(parse_addr).transpose();
     let (lm, resp, metrics) = (addr(&args.lm)?, addr(&args.resp)?, addr(&args.metrics)?);
     if lm.is_none() && resp.is_none() {
@@ -96,8 +133,8 @@ fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
         max_object_bytes: args.max_object_size,
         max_connections: args.max_connections,
         inflight_bytes: args.max_inflight,
-        request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
-        idle_timeout: (args.idle_timeout_secs > 0).then(|| Duration::from_secs(args.idle_timeout_secs)),
+        request_timeout: Duration::from_secs(args.request_timeout.max(1)),
+        idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
         durability: args.durability,
         ttl_secs: args.ttl,
         threads: args.threads,
@@ -107,6 +144,7 @@ fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
 
 pub fn run(volume: &Path, args: &ServeArgs, opts: StoreOptions) -> anyhow::Result<ExitCode> {
     let serve_opts = options(args)?;
+    let opts = StoreOptions { dram_tier_bytes: args.dram_tier, ..opts };
     let signals = block_signals();
     let store = Arc::new(open(volume, opts)?);
     let running = kvhoard_serve::start(Arc::clone(&store), serve_opts.clone()).context("cannot start serving")?;
@@ -158,10 +196,11 @@ mod tests {
             max_object_size: 1 << 20,
             max_connections: 8,
             max_inflight: 1 << 30,
-            request_timeout_secs: 30,
-            idle_timeout_secs: 0,
+            request_timeout: 30,
+            idle_timeout: 0,
             durability: Durability::Written,
             ttl: None,
+            dram_tier: 0,
             threads: 1,
         }
     }

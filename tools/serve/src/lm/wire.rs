@@ -285,8 +285,7 @@ mod tests {
     const CHUNK: WireMeta = WireMeta { fmt: 1, dtype: 3, shape: [2, 4, 256, 512] };
 
     fn hex(words: &str) -> Vec<u8> {
-        let s: String = words.split_whitespace().collect();
-        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap_or(0)).collect()
+        kvhoard_engine::format::hex::decode(words).expect("hex words")
     }
 
     #[test]

@@ -1,0 +1,60 @@
+//! Accepting connections under the connection limit and handing each to its protocol.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::BufReader;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::conn::{End, READ_BUFFER};
+use crate::metrics::Proto;
+use crate::{lm, resp, Shared};
+
+/// Accepts connections on `listener` until shutdown, each served by `proto`.
+pub(crate) async fn accept_loop(listener: TcpListener, proto: Proto, shared: Arc<Shared>, connections: Arc<Semaphore>) {
+    let mut shutdown = shared.shutdown.clone();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.changed() => return,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning, keep serving the others.
+                tracing::warn!("{proto:?} listener: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            shared.metrics.refused(proto);
+            tracing::warn!(%peer, "refusing a {proto:?} connection: {} connections open (--max-connections)", shared.opts.max_connections);
+            continue;
+        };
+        tokio::spawn(run(stream, peer, proto, Arc::clone(&shared), permit));
+    }
+}
+
+async fn run(stream: TcpStream, peer: SocketAddr, proto: Proto, shared: Arc<Shared>, _permit: OwnedSemaphorePermit) {
+    // Replies are written whole with one call; Nagle would only delay the last segment.
+    let _ = stream.set_nodelay(true);
+    shared.metrics.opened(proto);
+    tracing::debug!(%peer, "{proto:?} connection opened");
+    let conn = BufReader::with_capacity(READ_BUFFER, stream);
+    let end = match proto {
+        Proto::Lm => lm::serve(conn, &shared).await,
+        Proto::Resp => resp::serve(conn, &shared).await,
+    };
+    match end {
+        End::Done => tracing::debug!(%peer, "{proto:?} connection closed"),
+        End::Lost(why) => tracing::info!(%peer, "{proto:?} connection lost: {why}"),
+        End::Protocol(why) => {
+            shared.metrics.protocol_error(proto);
+            tracing::warn!(%peer, "closing a {proto:?} connection: {why}");
+        }
+    }
+    shared.metrics.closed(proto);
+}

@@ -1,0 +1,65 @@
+//! How to serve: listeners, namespaces, limits, timeouts.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kvhoard_engine::Durability;
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Address for `lm://`, if any.
+    pub lm: Option<SocketAddr>,
+    /// Address for RESP, if any.
+    pub resp: Option<SocketAddr>,
+    /// Address for Prometheus metrics over HTTP, if any.
+    pub metrics: Option<SocketAddr>,
+    /// Namespace the `lm://` listener stores keys in.
+    pub lm_namespace: String,
+    /// Namespace the RESP listener stores keys in.
+    pub resp_namespace: String,
+    /// Password RESP clients must give with AUTH (or HELLO ... AUTH) before anything else.
+    pub resp_password: Option<String>,
+    /// Largest payload accepted (bytes).
+    pub max_object_bytes: u64,
+    /// Most connections at once over all listeners; more are closed when accepted.
+    pub max_connections: usize,
+    /// Bytes of payload held in memory at once over all connections; a request waits for room.
+    pub inflight_bytes: u64,
+    /// A client that starts a request and then makes no progress for this long is disconnected.
+    pub request_timeout: Duration,
+    /// A client idle between requests for this long is disconnected (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// When a stored object is acknowledged (RESP SET) or counted as stored (lm:// PUT).
+    pub durability: Durability,
+    /// TTL given to every stored object, unless the client sets one (RESP `SET ... EX`).
+    pub ttl_secs: Option<u32>,
+    /// Runtime threads for the network; 0 picks one per CPU (at most 64). The kernel copies a
+    /// payload into the socket in the context of the thread that sends it, so one thread would
+    /// serve every connection's sends from one core.
+    pub threads: usize,
+    /// Most threads running engine calls at once.
+    pub blocking_threads: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            lm: None,
+            resp: None,
+            metrics: None,
+            lm_namespace: "lmcache".into(),
+            resp_namespace: "lmcache".into(),
+            resp_password: None,
+            max_object_bytes: 256 << 20,
+            max_connections: 1024,
+            inflight_bytes: 2 << 30,
+            request_timeout: Duration::from_secs(30),
+            idle_timeout: None,
+            durability: Durability::Written,
+            ttl_secs: None,
+            threads: 0,
+            blocking_threads: 64,
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! What every connection shares: the store, the options, the byte budget, the buffer pool, the
+//! metrics and the shutdown signal.
+
+use std::sync::Arc;
+
+use kvhoard_engine::buffer::BufferPool;
+use kvhoard_engine::{Block, ReadOptions, Resident, Store};
+use tokio::sync::{watch, Semaphore};
+
+use crate::budget::Budget;
+use crate::metrics::Metrics;
+use crate::ServeOptions;
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub store: Arc<Store>,
+    pub opts: ServeOptions,
+    pub metrics: Arc<Metrics>,
+    pub budget: Budget,
+    /// Payload buffers, recycled.
+    pub pool: Arc<BufferPool>,
+    pub shutdown: watch::Receiver<bool>,
+    /// Connections that may finish a large reply with blocking sends at once (each holds a
+    /// blocking-pool thread meanwhile): half the pool, so engine calls always find threads.
+    pub blocking_sends: Semaphore,
+}
+
+impl Shared {
+    /// Gets a block: from memory right here when it is resident (no thread hand-off on a DRAM-tier
+    /// hit), otherwise on the blocking pool, where a device read may wait.
+    pub(crate) async fn get(&self, namespace: &str, key: String) -> Result<Option<Block>, String> {
+        match self.store.get_resident(namespace, &key, ReadOptions::default()) {
+            Ok(Resident::Block(block)) => return Ok(Some(block)),
+            Ok(Resident::Absent) => return Ok(None),
+            Ok(Resident::OnDevice) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let store = Arc::clone(&self.store);
+        let namespace = namespace.to_string();
+        match tokio::task::spawn_blocking(move || store.get(&namespace, &key, ReadOptions::default())).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
