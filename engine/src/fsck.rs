@@ -15,8 +15,9 @@ use crate::check::{check, problem, scan_volume, Report, ScanError, ScanOptions, 
 use crate::checkpoint::CheckpointStore;
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Result, StoreError};
+use crate::options::{Durability, ReadOptions, StoreOptions};
+use crate::store::Store;
 use crate::volume::{self, VolumePaths};
-use crate::{Durability, ReadOptions, Store, StoreOptions};
 
 /// Exit codes as e2fsck defines them.
 pub mod exit {

@@ -93,7 +93,7 @@ pub struct StoreOptions {
     /// Buffered writes queued for the background writer before `put` waits.
     pub write_queue_depth: usize,
     /// Source of the current time (TTLs, record timestamps).
-    pub clock: crate::Clock,
+    pub clock: crate::clock::Clock,
     /// Decides where blocks live: DRAM admission, and which segment a full volume reclaims
     /// ([`crate::placement::Fifo`] by default).
     pub placement: std::sync::Arc<dyn crate::placement::Placement>,
@@ -113,7 +113,7 @@ impl Default for StoreOptions {
             buffer_pool_bytes: 256 << 20,
             checkpoint_every_segments: 8,
             write_queue_depth: 64,
-            clock: crate::Clock::system(),
+            clock: crate::clock::Clock::system(),
             placement: std::sync::Arc::new(crate::placement::Fifo),
             dram_tier_bytes: 0,
             pin_ttl_secs: 600,

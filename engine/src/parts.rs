@@ -11,16 +11,16 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::buffer::BufferPool;
 use crate::checkpoint::Checkpoints;
+use crate::clock::Clock;
 use crate::error::{Result, StoreError};
 use crate::index::Index;
 use crate::log::{Log, LogState};
 use crate::metrics::Metrics;
 use crate::options::StoreOptions;
 use crate::placement::Placement;
-use crate::reclaim::Pins;
+use crate::reclaim::pins::Pins;
 use crate::recovery::RecoveryReport;
 use crate::tier::Tiers;
-use crate::Clock;
 
 /// The parts of an open store.
 #[derive(Debug)]

@@ -28,7 +28,7 @@ pub struct Cli {
     pub no_direct_io: bool,
 
     /// I/O backend: auto (io_uring when the kernel offers it, else pread), io_uring, pread.
-    #[arg(long, global = true, default_value = "auto", value_parser = parse_backend, value_name = "BACKEND")]
+    #[arg(long, global = true, default_value = "auto", value_parser = crate::flags::parse_backend, value_name = "BACKEND")]
     pub io_backend: kvhoard_engine::IoBackend,
 
     #[command(subcommand)]
@@ -75,7 +75,7 @@ pub enum Command {
         group: Option<u64>,
         /// When to acknowledge: buffered (in memory), written (write completed), synced (after
         /// fdatasync; survives power loss).
-        #[arg(long, default_value = "synced", value_parser = parse_durability, value_name = "LEVEL")]
+        #[arg(long, default_value = "synced", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
         durability: Durability,
         /// Print the result as JSON.
         #[arg(long)]
@@ -135,7 +135,7 @@ pub enum Command {
         #[command(flatten)]
         ns: NamespaceArg,
         /// When to acknowledge the deletion (see put).
-        #[arg(long, default_value = "synced", value_parser = parse_durability, value_name = "LEVEL")]
+        #[arg(long, default_value = "synced", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
         durability: Durability,
     },
     /// Measure the engine on a fresh volume created in DIR (removed afterwards), or the codecs.
@@ -177,7 +177,7 @@ pub enum Command {
         #[arg(long, default_value_t = 4, value_name = "N")]
         threads: usize,
         /// Durability of files stored at close (see put).
-        #[arg(long, default_value = "written", value_parser = parse_durability, value_name = "LEVEL")]
+        #[arg(long, default_value = "written", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
         durability: Durability,
         /// Bytes of blocks to keep in a DRAM tier above the log (0 = none).
         #[arg(long, value_parser = parse_size, default_value = "1GiB", value_name = "SIZE")]
@@ -298,14 +298,6 @@ pub struct NamespaceArg {
     /// Namespace (tenant or model) of the key.
     #[arg(short = 'n', long = "namespace", default_value = "default", value_name = "NS")]
     pub namespace: String,
-}
-
-fn parse_backend(s: &str) -> Result<kvhoard_engine::IoBackend, String> {
-    s.parse()
-}
-
-pub(crate) fn parse_durability(s: &str) -> Result<Durability, String> {
-    s.parse()
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 mod cli;
 mod commands;
+mod flags;
 mod size;
 
 use std::process::ExitCode;

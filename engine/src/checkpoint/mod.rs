@@ -21,10 +21,10 @@ use std::sync::{Mutex, RwLock};
 
 use kvhoard_format::checkpoint::{Checkpoint, SegmentState};
 
+use crate::clock::Clock;
 use crate::error::Result;
 use crate::index::Index;
 use crate::log::{Log, LogState, Pos};
-use crate::Clock;
 
 /// A segment as reclaim's checkpoint decision sees it: its current use and where it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

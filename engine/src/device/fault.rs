@@ -100,8 +100,8 @@ impl BlockDevice for FaultDevice {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::buffer::AlignedBuf;
     use crate::device::MemDevice;
-    use crate::AlignedBuf;
 
     #[test]
     fn faults_fail_the_nth_operation_of_their_kind_once() {

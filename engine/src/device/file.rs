@@ -111,7 +111,7 @@ mod tests {
         let dev = FileDevice::open(&path, false).unwrap();
         // Shrink the file behind the device's back: the read must fail, not return zeros.
         File::options().write(true).open(&path).unwrap().set_len(4096).unwrap();
-        let mut buf = crate::AlignedBuf::zeroed(8192);
+        let mut buf = crate::buffer::AlignedBuf::zeroed(8192);
         assert!(matches!(dev.read_at(&mut buf, 0), Err(DeviceError::Io { .. })));
     }
 }

@@ -164,7 +164,7 @@ impl BlockDevice for MemDevice {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use crate::AlignedBuf;
+    use crate::buffer::AlignedBuf;
 
     #[test]
     fn passes_the_conformance_suite() {

@@ -165,7 +165,7 @@ pub mod conformance {
     //! this crate (an SPDK one, say). It panics, as a test does, on the first violation.
     #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
     use super::*;
-    use crate::AlignedBuf;
+    use crate::buffer::AlignedBuf;
 
     /// Runs the suite on `dev`: aligned reads and writes round trip, misaligned and out-of-range
     /// requests fail with their typed errors and touch nothing, `read_many` fills each buffer

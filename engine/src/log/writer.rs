@@ -20,9 +20,9 @@ use kvhoard_format::UNIT_BYTES;
 use super::seal::write_seal;
 use super::{GroupCommit, Loc, OpenSeg, Pos, SegInfo, SegState};
 use crate::buffer::{AlignedBuf, PooledBuf};
+use crate::clock::Clock;
 use crate::device::{BlockDevice, DeviceError};
 use crate::error::{Result, StoreError};
-use crate::Clock;
 
 /// The log: its device, its state under one lock, and the records on their way to the device.
 #[derive(Debug)]

@@ -5,9 +5,7 @@
 //! index and the tiers, whether a checkpoint must be written first, and freeing it durably. A
 //! cache drops what the segment holds; a put never fails for lack of space.
 
-mod pins;
-
-pub(crate) use pins::Pins;
+pub(crate) mod pins;
 
 use std::sync::atomic::Ordering;
 

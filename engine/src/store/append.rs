@@ -112,7 +112,10 @@ impl Parts {
         state.writable()?;
         let mut jobs = Vec::with_capacity(items.len());
         for (done, item) in items.iter_mut().enumerate() {
-            if item.header.kind == RecordKind::Tombstone && self.index_read().key(&item.key).is_none() {
+            let tombstone_of_nothing = |item: &Prepared<'_>| {
+                item.header.kind == RecordKind::Tombstone && self.index_read().key(&item.key).is_none()
+            };
+            if tombstone_of_nothing(item) {
                 continue;
             }
             loop {
@@ -153,6 +156,10 @@ impl Parts {
                     continue;
                 }
                 break;
+            }
+            if tombstone_of_nothing(item) {
+                // Opening a segment reclaimed the key just now: nothing is left to delete.
+                continue;
             }
             jobs.push(self.reserve_one(&mut state, item)?);
         }

@@ -32,17 +32,17 @@ use kvhoard_format::superblock::Superblock;
 
 use crate::buffer::BufferPool;
 use crate::checkpoint::{self, CheckpointStore, Checkpoints};
+use crate::clock::Clock;
 use crate::device::{open_volume, BlockDevice};
 use crate::error::{Result, StoreError};
 use crate::log::{Log, LogState};
 use crate::metrics::Metrics;
 use crate::options::{CreateOptions, StoreOptions};
 use crate::parts::Parts;
-use crate::reclaim::Pins;
+use crate::reclaim::pins::Pins;
 use crate::recovery::{recover, RecoveryReport};
 use crate::tier::Tiers;
 use crate::volume::{self, VolumePaths};
-use crate::Clock;
 
 use self::submit::WriteJob;
 

@@ -967,3 +967,24 @@ fn pins_check_their_arguments() {
     s.close().unwrap();
     assert!(matches!(s.pin("default", "k"), Err(StoreError::Closed)));
 }
+
+#[test]
+fn a_delete_whose_segment_is_reclaimed_to_make_room_for_its_tombstone_deletes_nothing() {
+    // Found by the model test: the tombstone did not fit in the open segment, opening the next
+    // reclaimed the oldest, which held the key, and the delete still wrote a tombstone and said
+    // the key existed. One 252-unit block fills a segment (header unit, payload, summary, trailer).
+    let (_dev, s) = mem_store(4);
+    assert_eq!(s.stats().segments, 4);
+    let fill = |key: &str, seed: u64| s.put("default", key, &block(seed, 252 * 4096), &synced()).unwrap();
+    fill("k", 1);
+    for (i, key) in ["f1", "f2", "f3"].into_iter().enumerate() {
+        fill(key, 2 + i as u64);
+    }
+    assert_eq!(s.stats().segments_free, 0);
+    assert_eq!(s.stats().segments_reclaimed, 0);
+    assert!(!s.delete("default", "k", Durability::Synced).unwrap(), "k was reclaimed before its tombstone was written");
+    assert_eq!(s.stats().segments_reclaimed, 1);
+    assert_eq!(s.stats().deletes, 0);
+    assert!(get(&s, "k").is_none());
+    assert_eq!(get(&s, "f3").unwrap(), block(4, 252 * 4096));
+}

@@ -48,7 +48,7 @@ pub struct BenchFlags {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub batch: usize,
     /// Durability of the puts (see put).
-    #[arg(long, default_value = "written", value_parser = crate::cli::parse_durability, value_name = "LEVEL")]
+    #[arg(long, default_value = "written", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
     pub durability: Durability,
     /// Order of the gets.
     #[arg(long, default_value = "seq", value_parser = ["seq", "random"], value_name = "PATTERN")]

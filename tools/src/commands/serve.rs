@@ -55,7 +55,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0, value_name = "SECS")]
     pub idle_timeout: u64,
     /// Durability of stored objects (see put); a RESP SET is answered at this level.
-    #[arg(long, default_value = "written", value_parser = crate::cli::parse_durability, value_name = "LEVEL")]
+    #[arg(long, default_value = "written", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
     pub durability: Durability,
     /// Seconds until every stored object expires (RESP SET EX/PX overrides).
     #[arg(long, value_name = "SECS")]
