@@ -1,5 +1,7 @@
 //! Helpers shared by kvhoard's cross-crate tests.
 
+#![deny(missing_docs)]
+
 use std::io::Write as _;
 
 pub use kvhoard_kernels::rng::Rng;

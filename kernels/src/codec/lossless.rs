@@ -37,14 +37,17 @@ impl Contexts {
             let compressor = zstd::bulk::Compressor::new(level).map_err(Error::Zstd)?;
             self.compressor = Some((level, compressor));
         }
-        Ok(&mut self.compressor.as_mut().expect("just set").1)
+        match &mut self.compressor {
+            Some((_, compressor)) => Ok(compressor),
+            None => Err(Error::Invalid("no zstd compressor".into())),
+        }
     }
 
     fn decompressor(&mut self) -> Result<&mut zstd::bulk::Decompressor<'static>, Error> {
         if self.decompressor.is_none() {
             self.decompressor = Some(zstd::bulk::Decompressor::new().map_err(Error::Zstd)?);
         }
-        Ok(self.decompressor.as_mut().expect("just set"))
+        self.decompressor.as_mut().ok_or_else(|| Error::Invalid("no zstd decompressor".into()))
     }
 }
 

@@ -6,6 +6,8 @@
 //! batches are submitted, run on worker threads, and reported through an eventfd and
 //! `drain_completions()`.
 
+#![deny(missing_docs)]
+
 mod buffers;
 mod parallel;
 mod plugin;

@@ -13,6 +13,8 @@
 //! payload memory is bounded by a byte budget shared by all connections ([`budget`]), and the
 //! number of connections by a limit; one misbehaving client costs only its own connection.
 
+#![deny(missing_docs)]
+
 pub mod budget;
 mod conn;
 mod listen;
