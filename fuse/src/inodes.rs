@@ -104,9 +104,20 @@ impl Inodes {
         };
         if gone {
             if let Some((node, _)) = self.nodes.remove(&ino) {
-                self.numbers.remove(&node);
+                // The name may have moved on to another inode since (a rename replaced this
+                // file): only this inode's own mapping goes.
+                if self.numbers.get(&node) == Some(&ino) {
+                    self.numbers.remove(&node);
+                }
             }
         }
+    }
+
+    /// `node` was deleted: its name no longer leads to its inode (which answers for what it was
+    /// until the kernel forgets it: open files of a deleted file), so a new file of that name
+    /// gets a new inode.
+    pub fn unlink(&mut self, node: &Node) {
+        self.numbers.remove(node);
     }
 
     /// `from` is now called `to` (a rename): its inode follows it; an inode `to` had is dropped
@@ -143,5 +154,23 @@ mod tests {
         assert_eq!(t.get(ino), Some(&g));
         assert_eq!(t.find(&g), Some(ino));
         assert_eq!(t.find(&f), None);
+    }
+
+    #[test]
+    fn forgetting_a_replaced_inode_leaves_the_name_with_its_new_inode() {
+        // `mv a.tmp a` over an existing `a`: the old `a` inode is forgotten after the rename, and
+        // must not take the name `a` away from the inode that now holds it (found as writes
+        // through a later `mv a b` landing on the key `a`).
+        let mut t = Inodes::default();
+        let a = Node::File { ns: "default".into(), key: "a".into() };
+        let tmp = Node::File { ns: "default".into(), key: "a.tmp".into() };
+        let old = t.lookup(a.clone());
+        let new = t.lookup(tmp.clone());
+        t.rename(&tmp, a.clone());
+        t.forget(old, 1);
+        assert_eq!(t.find(&a), Some(new));
+        let b = Node::File { ns: "default".into(), key: "b".into() };
+        t.rename(&a, b.clone());
+        assert_eq!(t.get(new), Some(&b));
     }
 }

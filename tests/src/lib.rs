@@ -4,6 +4,8 @@
 
 use std::io::Write as _;
 
+pub mod mount;
+
 pub use kvhoard_kernels::rng::Rng;
 
 /// Deterministic pseudo-random bytes: block `id` of length `len`.

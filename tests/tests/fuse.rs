@@ -5,72 +5,12 @@
 
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 
-use kvhoard_engine::{CreateOptions, ReadOptions, Store, StoreOptions};
-use kvhoard_fuse::{mount, MountOptions, Mounted};
+use kvhoard_engine::ReadOptions;
 use kvhoard_tests::block;
-
-struct Fixture {
-    // Dropped in this order: unmount, then the store, then the directories.
-    mounted: Option<Mounted>,
-    store: Option<Arc<Store>>,
-    mnt: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-fn fuse_usable() -> bool {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !Path::new("/dev/fuse").exists() || !root {
-        kvhoard_tests::skip("fuse", "the FUSE tests need /dev/fuse and root");
-        return false;
-    }
-    true
-}
-
-impl Fixture {
-    fn new() -> Option<Fixture> {
-        if !fuse_usable() {
-            return None;
-        }
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let create = CreateOptions { capacity_bytes: Some(512 << 20), segment_size_bytes: 64 << 20 };
-        let store = Arc::new(Store::create(&dir.path().join("vol"), &create, StoreOptions::default()).unwrap());
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        let mounted = mount(Arc::clone(&store), &mnt, &MountOptions::default()).unwrap();
-        Some(Fixture { mounted: Some(mounted), store: Some(store), mnt, dir })
-    }
-
-    fn store(&self) -> &Store {
-        self.store.as_deref().unwrap()
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-
-    /// Unmounts, closes and reopens the volume, and mounts it again.
-    fn remount(&mut self) {
-        self.mounted.take().unwrap().unmount().unwrap();
-        self.store.take().unwrap().close().unwrap();
-        let vol = self.dir.path().join("vol");
-        self.store = Some(Arc::new(Store::open(&vol, StoreOptions::default()).unwrap()));
-        self.mounted =
-            Some(mount(Arc::clone(self.store.as_ref().unwrap()), &self.mnt, &MountOptions::default()).unwrap());
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        if let Some(m) = self.mounted.take() {
-            let _ = m.unmount();
-        }
-    }
-}
+use kvhoard_tests::mount::Fixture;
 
 fn sh(cmd: &str, args: &[&Path]) -> std::process::Output {
     let out = Command::new(cmd).args(args).output().unwrap();

@@ -10,8 +10,9 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use super::handles::Viewer;
 use super::xattrs::reply_xattr;
-use super::{KvFs, TTL};
+use super::KvFs;
 use crate::inodes::{Node, BY_HASH, ROOT};
 use crate::names::NAME_MAX;
 
@@ -25,7 +26,7 @@ impl Filesystem for KvFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let node = match self.child(parent, name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -34,7 +35,7 @@ impl Filesystem for KvFs {
         let exists = match &node {
             Node::File { ns, key } => {
                 self.store.contains(ns, key).unwrap_or(false)
-                    || self.inodes().find(&node).is_some_and(|i| self.writing(i).is_some())
+                    || self.inodes().find(&node).is_some_and(|i| self.has_writer(i))
             }
             _ => true,
         };
@@ -42,8 +43,8 @@ impl Filesystem for KvFs {
             return reply.error(Errno::ENOENT);
         }
         let ino = self.inodes().lookup(node.clone());
-        match self.getattr_node(ino, &node) {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+        match self.getattr_node(ino, &node, Viewer { fh: None, pid: req.pid() }) {
+            Ok(attr) => reply.entry(&self.ttl(ino), &attr, Generation(0)),
             Err(e) => {
                 self.inodes().forget(ino, 1);
                 reply.error(e)
@@ -55,24 +56,24 @@ impl Filesystem for KvFs {
         self.inodes().forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let Some(node) = self.node(ino) else { return reply.error(Errno::ENOENT) };
-        match self.getattr_node(ino.0, &node) {
-            Ok(attr) => reply.attr(&TTL, &attr),
+        match self.getattr_node(ino.0, &node, Viewer { fh, pid: req.pid() }) {
+            Ok(attr) => reply.attr(&self.ttl(ino.0), &attr),
             Err(e) => reply.error(e),
         }
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -82,17 +83,27 @@ impl Filesystem for KvFs {
         reply: ReplyAttr,
     ) {
         let Some(node) = self.node(ino) else { return reply.error(Errno::ENOENT) };
+        let viewer = Viewer { fh, pid: req.pid() };
         if mode.is_some() || uid.is_some() || gid.is_some() {
             // Stored blocks have no owner or mode of their own.
             return reply.error(Errno::EPERM);
         }
+        if atime.is_some() || mtime.is_some() {
+            // A file's time is when its block was stored. Setting it to now is accepted from a
+            // process writing the file (its close stores it now); anything else is refused.
+            let now = |t: Option<TimeOrNow>| t.is_none_or(|t| matches!(t, TimeOrNow::Now));
+            if !(now(atime) && now(mtime) && self.is_writing(ino.0, viewer)) {
+                tracing::info!(?node, "refusing to set a file's times: they are when its block was stored");
+                return reply.error(Errno::EPERM);
+            }
+        }
         if let Some(size) = size {
-            if let Err(e) = self.truncate(ino.0, &node, fh, size) {
+            if let Err(e) = self.truncate(ino.0, &node, viewer, size) {
                 return reply.error(e);
             }
         }
-        match self.getattr_node(ino.0, &node) {
-            Ok(attr) => reply.attr(&TTL, &attr),
+        match self.getattr_node(ino.0, &node, viewer) {
+            Ok(attr) => reply.attr(&self.ttl(ino.0), &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -124,7 +135,7 @@ impl Filesystem for KvFs {
             return reply.error(e);
         }
         let ino = self.inodes().lookup(node);
-        reply.entry(&TTL, &self.dir_attr(ino, 0o755), Generation(0));
+        reply.entry(&self.ttl(ino), &self.dir_attr(ino, 0o755), Generation(0));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -170,9 +181,9 @@ impl Filesystem for KvFs {
         reply.error(Errno::EPERM);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let Some(node) = self.node(ino) else { return reply.error(Errno::ENOENT) };
-        match self.open_node(ino.0, &node, flags) {
+        match self.open_node(ino.0, &node, flags, req.pid()) {
             // Direct I/O: reads and writes come to us whole, and the page cache holds no second copy.
             Ok(fh) => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(e),
@@ -219,8 +230,8 @@ impl Filesystem for KvFs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        match self.flush_handle(fh) {
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        match self.flush_handle(fh, req.pid()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -327,7 +338,7 @@ impl Filesystem for KvFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         _mode: u32,
@@ -338,6 +349,14 @@ impl Filesystem for KvFs {
         let node = match self.child(parent, name) {
             Ok(n @ Node::File { .. }) => n,
             Ok(Node::Hash { .. }) => return reply.error(Errno::EROFS),
+            Ok(Node::Namespace(_)) => {
+                tracing::warn!(
+                    name = ?name,
+                    "refusing to create a file at the mount's root: files are keys inside a namespace directory \
+                     (`default/`, or one made with mkdir)"
+                );
+                return reply.error(Errno::EPERM);
+            }
             Ok(_) => return reply.error(Errno::EEXIST),
             Err(_) if parent == BY_HASH => return reply.error(Errno::EROFS),
             Err(e) => return reply.error(e),
@@ -348,9 +367,9 @@ impl Filesystem for KvFs {
             }
         }
         let ino = self.inodes().lookup(node);
-        let fh = self.create_node(ino);
+        let fh = self.create_node(ino, req.pid());
         let attr = self.attr(ino, FileType::RegularFile, 0, 0, SystemTime::now(), 0o644);
-        reply.created(&TTL, &attr, Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO);
+        reply.created(&self.ttl(ino), &attr, Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO);
     }
 
     fn fallocate(

@@ -1,5 +1,11 @@
 //! Open files: a reader holds the block as it was at open; a writer holds the whole new content
-//! and stores it when the file is closed (its first flush), so a reader never sees half a block.
+//! and stores it when the file is closed (its first flush), so a file is published whole or not
+//! at all.
+//!
+//! What is seen of a file while it is being written (docs/fuse.md, "Files being written"): the
+//! writing process (the one that opened the writer; through that descriptor for any process) sees
+//! its own content and size; every other process sees the last published version, or, for a new
+//! file, an empty one. Nothing but the writer's own flush or close ever stores its content.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,15 +22,31 @@ pub(super) enum Handle {
     Read(Block),
     /// Writing: the whole new content, stored at flush.
     Write(Mutex<WriteBuf>),
-    /// `.stats`: a JSON snapshot taken at open.
-    Stats(Vec<u8>),
+    /// Bytes taken at open: `.stats`, a writing process's view of its own file, or the empty
+    /// content of a new file not yet published.
+    Snapshot(Vec<u8>),
 }
 
 /// What a writer holds.
 pub(super) struct WriteBuf {
+    /// The file.
     pub(super) ino: u64,
+    /// The process that opened it for writing: it sees this content when it reads or stats the
+    /// file by name.
+    pub(super) pid: u32,
+    /// The whole new content.
     pub(super) bytes: Vec<u8>,
+    /// Changed since it was last stored.
     pub(super) dirty: bool,
+    /// The file was deleted or replaced by a rename while open: its content is never stored.
+    pub(super) unlinked: bool,
+}
+
+/// Who asks about a file: through which open file, from which process.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Viewer {
+    pub(super) fh: Option<FileHandle>,
+    pub(super) pid: u32,
 }
 
 fn lock(w: &Mutex<WriteBuf>) -> MutexGuard<'_, WriteBuf> {
@@ -46,20 +68,48 @@ impl KvFs {
         FileHandle(fh)
     }
 
-    /// Bytes of the open writer of `ino`, if one is writing it.
-    pub(super) fn writing(&self, ino: u64) -> Option<u64> {
-        self.handles().values().find_map(|h| match &**h {
-            Handle::Write(w) => {
-                let w = lock(w);
-                (w.ino == ino).then_some(w.bytes.len() as u64)
-            }
-            _ => None,
-        })
+    /// The writers of `ino` whose file still exists (not deleted or replaced while open).
+    fn writers(&self, ino: u64) -> Vec<Arc<Handle>> {
+        let live = |h: &Handle| matches!(h, Handle::Write(w) if { let w = lock(w); w.ino == ino && !w.unlinked });
+        self.handles().values().filter(|h| live(h)).cloned().collect()
     }
 
-    /// Stores what a writer holds, if it changed.
+    /// Whether anyone has `ino` open for writing.
+    pub(super) fn has_writer(&self, ino: u64) -> bool {
+        !self.writers(ino).is_empty()
+    }
+
+    /// The writer whose view `viewer` has of `ino`: the writer it asks through, else one its
+    /// process opened.
+    fn writer_for(&self, ino: u64, viewer: Viewer) -> Option<Arc<Handle>> {
+        if let Some(h) = viewer.fh.and_then(|fh| self.handle(fh)) {
+            if matches!(&*h, Handle::Write(w) if lock(w).ino == ino) {
+                return Some(h);
+            }
+        }
+        self.writers(ino).into_iter().find(|h| matches!(&**h, Handle::Write(w) if lock(w).pid == viewer.pid))
+    }
+
+    /// The size of `ino` as `viewer` sees its own writes, if it is writing it.
+    pub(super) fn writer_size(&self, ino: u64, viewer: Viewer) -> Option<u64> {
+        match self.writer_for(ino, viewer).as_deref() {
+            Some(Handle::Write(w)) => Some(lock(w).bytes.len() as u64),
+            _ => None,
+        }
+    }
+
+    /// The file `ino` was deleted or replaced: what its writers hold is never stored.
+    pub(super) fn orphan_writers(&self, ino: u64) {
+        for h in self.writers(ino) {
+            if let Handle::Write(w) = &*h {
+                lock(w).unlinked = true;
+            }
+        }
+    }
+
+    /// Stores what a writer holds, if it changed and its file still exists.
     fn store_writer(&self, w: &mut WriteBuf) -> Result<(), Errno> {
-        if !w.dirty {
+        if !w.dirty || w.unlinked {
             return Ok(());
         }
         let Some(Node::File { ns, key }) = self.inodes().get(w.ino).cloned() else { return Err(Errno::ENOENT) };
@@ -73,25 +123,11 @@ impl KvFs {
         Ok(())
     }
 
-    /// Stores every dirty writer of `ino` (before a rename or a read of what it wrote).
-    pub(super) fn flush_writers(&self, ino: u64) -> Result<(), Errno> {
-        let writers: Vec<Arc<Handle>> = self.handles().values().cloned().collect();
-        for h in writers {
-            if let Handle::Write(w) = &*h {
-                let mut w = lock(w);
-                if w.ino == ino {
-                    self.store_writer(&mut w)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Opens `node` (inode `ino`) for reading or writing.
-    pub(super) fn open_node(&self, ino: u64, node: &Node, flags: OpenFlags) -> Result<FileHandle, Errno> {
+    /// Opens `node` (inode `ino`) for reading or writing, for process `pid`.
+    pub(super) fn open_node(&self, ino: u64, node: &Node, flags: OpenFlags, pid: u32) -> Result<FileHandle, Errno> {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let handle = match (node, write) {
-            (Node::Stats, false) => Handle::Stats(self.stats_json()),
+            (Node::Stats, false) => Handle::Snapshot(self.stats_json()),
             (Node::Stats | Node::Hash { .. }, true) => return Err(Errno::EROFS),
             (Node::Hash { ns, hash }, false) => {
                 match self.store.get_by_hash(ns, hash, ReadOptions::default()).map_err(|e| store_errno(&e))? {
@@ -99,13 +135,16 @@ impl KvFs {
                     None => return Err(Errno::ENOENT),
                 }
             }
-            (Node::File { ns, key }, false) => {
-                self.flush_writers(ino)?;
-                match self.store.get(ns, key, ReadOptions::default()).map_err(|e| store_errno(&e))? {
+            (Node::File { ns, key }, false) => match self.writer_for(ino, Viewer { fh: None, pid }).as_deref() {
+                // The writing process reads what it has written so far.
+                Some(Handle::Write(w)) => Handle::Snapshot(lock(w).bytes.clone()),
+                _ => match self.store.get(ns, key, ReadOptions::default()).map_err(|e| store_errno(&e))? {
                     Some(b) => Handle::Read(b),
+                    // A new file another process is writing: empty until it is published.
+                    None if self.has_writer(ino) => Handle::Snapshot(Vec::new()),
                     None => return Err(Errno::ENOENT),
-                }
-            }
+                },
+            },
             (Node::File { ns, key }, true) => {
                 // Partial writes start from the stored bytes; O_TRUNC from nothing.
                 let truncate = flags.0 & libc::O_TRUNC != 0;
@@ -115,17 +154,18 @@ impl KvFs {
                     let stored = self.store.get(ns, key, ReadOptions::default()).map_err(|e| store_errno(&e))?;
                     stored.map(|b| b.to_vec()).unwrap_or_default()
                 };
-                Handle::Write(Mutex::new(WriteBuf { ino, bytes, dirty: truncate }))
+                Handle::Write(Mutex::new(WriteBuf { ino, pid, bytes, dirty: truncate, unlinked: false }))
             }
             _ => return Err(Errno::EISDIR),
         };
         Ok(self.add_handle(handle))
     }
 
-    /// A new, empty file `ino`: it exists from now on (for this mount) and is stored at its
-    /// first close, even if nothing is written to it.
-    pub(super) fn create_node(&self, ino: u64) -> FileHandle {
-        self.add_handle(Handle::Write(Mutex::new(WriteBuf { ino, bytes: Vec::new(), dirty: true })))
+    /// A new, empty file `ino` made by process `pid`: it exists from now on (for this mount)
+    /// and is stored at its first close, even if nothing is written to it.
+    pub(super) fn create_node(&self, ino: u64, pid: u32) -> FileHandle {
+        let w = WriteBuf { ino, pid, bytes: Vec::new(), dirty: true, unlinked: false };
+        self.add_handle(Handle::Write(Mutex::new(w)))
     }
 
     /// Up to `size` bytes at `offset` of an open file.
@@ -148,7 +188,7 @@ impl KvFs {
                 let end = start.saturating_add(size as usize).min(block.len());
                 out(block.get(start..end).unwrap_or_default());
             }
-            Handle::Stats(json) => out(&slice(json)),
+            Handle::Snapshot(bytes) => out(&slice(bytes)),
             Handle::Write(w) => out(&slice(&lock(w).bytes)),
         }
         Ok(())
@@ -178,11 +218,18 @@ impl KvFs {
         Ok(data.len() as u32)
     }
 
-    /// close(2): a written file is stored now, and close reports whether that worked.
-    pub(super) fn flush_handle(&self, fh: FileHandle) -> Result<(), Errno> {
+    /// close(2) of a descriptor by process `pid`. When the process that opened the writer
+    /// closes it, the file is stored now, and close reports whether that worked. The kernel also
+    /// flushes when any other copy of the descriptor is closed (a forked child's, at its exit or
+    /// exec): those store nothing, so a half-written file is never published by someone else's
+    /// close; the last close of all (`release`) stores whatever is left.
+    pub(super) fn flush_handle(&self, fh: FileHandle, pid: u32) -> Result<(), Errno> {
         let h = self.handle(fh).ok_or(Errno::EBADF)?;
         if let Handle::Write(w) = &*h {
-            self.store_writer(&mut lock(w))?;
+            let mut w = lock(w);
+            if w.pid == pid {
+                self.store_writer(&mut w)?;
+            }
         }
         Ok(())
     }
@@ -201,6 +248,9 @@ impl KvFs {
         let h = self.handle(fh).ok_or(Errno::EBADF)?;
         if let Handle::Write(w) = &*h {
             let mut w = lock(w);
+            if w.unlinked {
+                return Ok(());
+            }
             w.dirty = true;
             let Some(Node::File { ns, key }) = self.inodes().get(w.ino).cloned() else {
                 return Err(Errno::ENOENT);
@@ -212,39 +262,33 @@ impl KvFs {
         Ok(())
     }
 
-    /// Sets the size of file `node` (inode `ino`): the content of its open writers (the one of
-    /// `fh`, when given), or the stored block itself when none is writing it.
-    pub(super) fn truncate(&self, ino: u64, node: &Node, fh: Option<FileHandle>, size: u64) -> Result<(), Errno> {
+    /// Sets the size of file `node` (inode `ino`) as `viewer` sees it: the content of the writer
+    /// it writes through (ftruncate, or truncate by name from the writing process), else the
+    /// stored block itself (truncate by name from another process).
+    pub(super) fn truncate(&self, ino: u64, node: &Node, viewer: Viewer, size: u64) -> Result<(), Errno> {
         let Node::File { ns, key } = node else { return Err(Errno::EACCES) };
         if size > self.max_file_bytes {
             return Err(Errno::EFBIG);
         }
-        // Truncating a file that is open for writing changes what its writers will store.
-        let writers: Vec<Arc<Handle>> = match fh.and_then(|fh| self.handle(fh)) {
-            Some(h) if matches!(*h, Handle::Write(_)) => vec![h],
-            _ => self
-                .handles()
-                .values()
-                .filter(|h| matches!(&***h, Handle::Write(w) if lock(w).ino == ino))
-                .cloned()
-                .collect(),
-        };
-        for h in &writers {
-            if let Handle::Write(w) = &**h {
+        if let Some(h) = self.writer_for(ino, viewer) {
+            if let Handle::Write(w) = &*h {
                 let mut w = lock(w);
                 w.bytes.resize(size as usize, 0);
                 w.dirty = true;
             }
-        }
-        if !writers.is_empty() {
             return Ok(());
         }
-        // truncate(2) on a path: rewrite the stored block at the new size.
         let stored = self.store.get(ns, key, ReadOptions::default()).map_err(|e| store_errno(&e))?;
-        let mut bytes = stored.map(|b| b.to_vec()).unwrap_or_default();
+        let Some(stored) = stored else { return Err(Errno::ENOENT) };
+        let mut bytes = stored.to_vec();
         bytes.resize(size as usize, 0);
         let opts = PutOptions { durability: self.opts.durability, ..PutOptions::default() };
         self.store.put(ns, key, &bytes, &opts).map_err(|e| store_errno(&e))?;
         Ok(())
+    }
+
+    /// Whether `viewer` has `ino` open for writing (its times are then those of its close).
+    pub(super) fn is_writing(&self, ino: u64, viewer: Viewer) -> bool {
+        self.writer_for(ino, viewer).is_some()
     }
 }

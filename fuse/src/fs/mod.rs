@@ -27,10 +27,12 @@ use kvhoard_engine::{BlockMeta, Durability, ReadOptions, Store, StoreError};
 
 use crate::inodes::{Inodes, Node};
 use crate::names::key_of;
-use handles::Handle;
+use handles::{Handle, Viewer};
 
 /// How long the kernel may cache attributes and names. Short: other writers (the native API,
-/// a server on the same volume) change keys behind the mount's back.
+/// a server on the same volume) change keys behind the mount's back. A file open for writing is
+/// never cached ([`KvFs::ttl`]): the kernel caches attributes per inode, and the writing process
+/// and the others see different sizes.
 const TTL: Duration = Duration::from_secs(1);
 
 /// How the mount behaves.
@@ -128,8 +130,17 @@ impl KvFs {
         self.attr(ino, FileType::RegularFile, meta.stored_len, stored, unix(meta.created_unix_ms), perm)
     }
 
-    /// Attributes of a node; `Err(ENOENT)` if it names nothing.
-    fn getattr_node(&self, ino: u64, node: &Node) -> Result<FileAttr, Errno> {
+    /// How long the kernel may cache what it is told of `ino`.
+    fn ttl(&self, ino: u64) -> Duration {
+        if self.has_writer(ino) {
+            Duration::ZERO
+        } else {
+            TTL
+        }
+    }
+
+    /// Attributes of a node as `viewer` sees it; `Err(ENOENT)` if it names nothing.
+    fn getattr_node(&self, ino: u64, node: &Node, viewer: Viewer) -> Result<FileAttr, Errno> {
         match node {
             Node::Root => Ok(self.dir_attr(ino, 0o755)),
             Node::ByHash => Ok(self.dir_attr(ino, 0o555)),
@@ -139,13 +150,19 @@ impl KvFs {
             }
             Node::Namespace(ns) if self.namespace_exists(ns) => Ok(self.dir_attr(ino, 0o755)),
             Node::Namespace(_) => Err(Errno::ENOENT),
-            Node::File { ns, key } => match self.store.meta(ns, key).map_err(|e| store_errno(&e))? {
-                Some(meta) => Ok(self.block_attr(ino, &meta, true)),
-                None => match self.writing(ino) {
-                    Some(len) => Ok(self.attr(ino, FileType::RegularFile, len, len, SystemTime::now(), 0o644)),
+            Node::File { ns, key } => {
+                if let Some(len) = self.writer_size(ino, viewer) {
+                    return Ok(self.attr(ino, FileType::RegularFile, len, len, SystemTime::now(), 0o644));
+                }
+                match self.store.meta(ns, key).map_err(|e| store_errno(&e))? {
+                    Some(meta) => Ok(self.block_attr(ino, &meta, true)),
+                    // A new file another process is writing: empty until it is published.
+                    None if self.has_writer(ino) => {
+                        Ok(self.attr(ino, FileType::RegularFile, 0, 0, SystemTime::now(), 0o644))
+                    }
                     None => Err(Errno::ENOENT),
-                },
-            },
+                }
+            }
             Node::Hash { ns, hash } => {
                 let block = self.store.get_by_hash(ns, hash, ReadOptions::default()).map_err(|e| store_errno(&e))?;
                 block.map(|b| self.block_attr(ino, &b.meta, false)).ok_or(Errno::ENOENT)

@@ -62,14 +62,23 @@ impl KvFs {
         }
     }
 
-    /// unlink: deletes the key.
+    /// unlink: deletes the key; a writer that has it open stores nothing when it closes.
     pub(super) fn unlink_node(&self, node: &Node) -> Result<(), Errno> {
         match node {
-            Node::File { ns, key } => match self.store.delete(ns, key, self.opts.durability) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(Errno::ENOENT),
-                Err(e) => Err(store_errno(&e)),
-            },
+            Node::File { ns, key } => {
+                let ino = self.inodes().find(node);
+                let writing = ino.is_some_and(|i| self.has_writer(i));
+                let deleted = self.store.delete(ns, key, self.opts.durability).map_err(|e| store_errno(&e))?;
+                if let Some(ino) = ino {
+                    self.orphan_writers(ino);
+                }
+                self.inodes().unlink(node);
+                if deleted || writing {
+                    Ok(())
+                } else {
+                    Err(Errno::ENOENT)
+                }
+            }
             Node::Hash { .. } => Err(Errno::EROFS),
             Node::Stats => Err(Errno::EPERM),
             _ => Err(Errno::EISDIR),
@@ -78,7 +87,9 @@ impl KvFs {
 
     /// rename: within a namespace a link record names the stored block under the new key (no
     /// byte is read or rewritten) and the old key goes; across namespaces the bytes are stored
-    /// again (content is per namespace).
+    /// again (content is per namespace). A file being written moves with its writers: they store
+    /// under the new name when they close, and nothing they hold is stored by the rename. Writers
+    /// of a file the rename replaces store nothing.
     pub(super) fn rename_node(&self, from: &Node, to: &Node, flags: RenameFlags) -> Result<(), Errno> {
         let (from_name, to_name) = match (from, to) {
             (Node::File { ns, key }, Node::File { ns: ns2, key: key2 }) => {
@@ -90,24 +101,34 @@ impl KvFs {
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             return Err(Errno::EINVAL);
         }
-        if let Some(ino) = self.inodes().find(from) {
-            self.flush_writers(ino)?;
-        }
-        if flags.contains(RenameFlags::RENAME_NOREPLACE) && self.store.contains(&to_name.0, &to_name.1).unwrap_or(false)
-        {
+        let writing = |node: &Node| self.inodes().find(node).is_some_and(|i| self.has_writer(i));
+        let target_exists = self.store.contains(&to_name.0, &to_name.1).map_err(|e| store_errno(&e))? || writing(to);
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) && target_exists {
             return Err(Errno::EEXIST);
         }
         if from_name == to_name {
             return Ok(());
         }
-        if from_name.0 == to_name.0 {
-            match self.store.rename(&from_name.0, &from_name.1, &to_name.1, self.opts.durability) {
-                Ok(true) => {}
-                Ok(false) => return Err(Errno::ENOENT),
-                Err(e) => return Err(store_errno(&e)),
+        let published = self.store.contains(&from_name.0, &from_name.1).map_err(|e| store_errno(&e))?;
+        if !published && !writing(from) {
+            return Err(Errno::ENOENT);
+        }
+        if published {
+            if from_name.0 == to_name.0 {
+                match self.store.rename(&from_name.0, &from_name.1, &to_name.1, self.opts.durability) {
+                    Ok(true) => {}
+                    Ok(false) => return Err(Errno::ENOENT),
+                    Err(e) => return Err(store_errno(&e)),
+                }
+            } else {
+                self.copy_then_delete(&from_name, &to_name)?;
             }
         } else {
-            self.copy_then_delete(&from_name, &to_name)?;
+            // Only a writer holds the file: the target name must not keep an older version.
+            self.store.delete(&to_name.0, &to_name.1, self.opts.durability).map_err(|e| store_errno(&e))?;
+        }
+        if let Some(replaced) = self.inodes().find(to) {
+            self.orphan_writers(replaced);
         }
         self.inodes().rename(from, to.clone());
         Ok(())
