@@ -8,13 +8,15 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::AlignedBuf;
 
 /// The pool. Holds at most `max_buffers` buffers and `max_bytes` bytes while they are unused.
 #[derive(Debug)]
 pub struct BufferPool {
-    free: Mutex<Vec<AlignedBuf>>,
+    /// Unused buffers and when each was returned.
+    free: Mutex<Vec<(AlignedBuf, Instant)>>,
     max_buffers: usize,
     max_bytes: usize,
 }
@@ -34,10 +36,10 @@ impl BufferPool {
             let best = free
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.len() >= len && b.len() <= len.saturating_mul(2).max(4096))
-                .min_by_key(|(_, b)| b.len())
+                .filter(|(_, (b, _))| b.len() >= len && b.len() <= len.saturating_mul(2).max(4096))
+                .min_by_key(|(_, (b, _))| b.len())
                 .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
+            best.map(|i| free.swap_remove(i).0)
         };
         let buf = reused.unwrap_or_else(|| AlignedBuf::zeroed(len));
         PooledBuf { buf: Some(buf), len, pool: Arc::clone(self) }
@@ -45,15 +47,28 @@ impl BufferPool {
 
     fn put_back(&self, buf: AlignedBuf) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let held: usize = free.iter().map(|b| b.len()).sum();
+        let held: usize = free.iter().map(|(b, _)| b.len()).sum();
         if free.len() < self.max_buffers && held + buf.len() <= self.max_bytes {
-            free.push(buf);
+            free.push((buf, Instant::now()));
         }
+    }
+
+    /// Frees the buffers unused for `idle` or longer, so that memory taken by a burst returns to
+    /// the system once the burst is over; returns the bytes freed.
+    pub fn trim(&self, idle: Duration) -> usize {
+        let stale: Vec<AlignedBuf> = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            let (stale, keep) = std::mem::take(&mut *free).into_iter().partition(|(_, at)| at.elapsed() >= idle);
+            *free = keep;
+            stale.into_iter().map(|(b, _)| b).collect::<Vec<_>>()
+        };
+        // Dropped outside the lock: unmapping large buffers takes a while.
+        stale.iter().map(|b| b.len()).sum()
     }
 
     /// Bytes held by unused buffers.
     pub fn held_bytes(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|b| b.len()).sum()
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(b, _)| b.len()).sum()
     }
 }
 
@@ -120,5 +135,15 @@ mod tests {
         let e = pool.get(8 << 20);
         drop((c, d, e));
         assert!(pool.held_bytes() <= 16 << 20);
+    }
+
+    #[test]
+    fn trim_frees_only_buffers_idle_long_enough() {
+        let pool = BufferPool::new(8, 64 << 20);
+        drop((pool.get(2 << 20), pool.get(4 << 20)));
+        assert_eq!(pool.trim(Duration::from_secs(3600)), 0, "nothing has been idle an hour");
+        assert_eq!(pool.held_bytes(), 6 << 20);
+        assert_eq!(pool.trim(Duration::ZERO), 6 << 20);
+        assert_eq!(pool.held_bytes(), 0);
     }
 }

@@ -217,6 +217,13 @@ impl Store {
         crate::log::max_payload_bytes(self.parts.log.sb.segment_units(), kvhoard_format::UNIT_BYTES as usize)
     }
 
+    /// Frees the store's I/O buffers that have been unused for `idle` or longer (the pool keeps
+    /// them to save page faults while traffic lasts); returns the bytes freed. A server calls
+    /// this now and then so that memory taken by a burst goes back to the system after it.
+    pub fn trim_buffers(&self, idle: std::time::Duration) -> usize {
+        self.parts.pool.trim(idle)
+    }
+
     /// Writes everything buffered, seals the open segment, syncs and writes a checkpoint. The
     /// next open reads the checkpoint and nothing else; its first write resumes the segment
     /// sealed here if it has room. Releases the volume's lock, so it can be opened again while

@@ -1,5 +1,5 @@
 //! What every connection does, whatever its protocol: waiting for the next request (or
-//! shutdown), and reading and writing with a progress timeout.
+//! shutdown), reading at the request's pace ([`crate::pace`]) and writing with a progress timeout.
 //!
 //! A reply larger than the socket's send buffer is finished with blocking sends ([`write_all`]):
 //! a thread waiting inside the kernel is handed the freed room as soon as the peer reads, where
@@ -10,10 +10,11 @@ use std::io::IoSlice;
 use std::time::Duration;
 
 use socket2::SockRef;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::pace::{read_some, Pace};
 use crate::Shared;
 
 /// Bytes of each connection's read buffer; payloads larger than this are read straight into
@@ -57,30 +58,21 @@ pub(crate) async fn next_request<S: AsyncRead + Unpin>(conn: &mut BufReader<S>, 
     }
 }
 
-/// Reads exactly `buf.len()` bytes; every read must make progress within `timeout`.
-pub(crate) async fn read_full<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8], timeout: Duration) -> Result<(), End> {
+/// Reads exactly `buf.len()` bytes within the request's pace.
+pub(crate) async fn read_full<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8], pace: &mut Pace) -> Result<(), End> {
     let mut done = 0;
     while done < buf.len() {
-        let rest = buf.get_mut(done..).unwrap_or_default();
-        match tokio::time::timeout(timeout, r.read(rest)).await {
-            Err(_) => return Err(End::Lost(format!("no data for {timeout:?} in the middle of a request"))),
-            Ok(Err(e)) => return Err(End::Lost(e.to_string())),
-            Ok(Ok(0)) => {
-                return Err(End::Lost(format!("disconnected after {done} of {} bytes", buf.len())));
-            }
-            Ok(Ok(n)) => done += n,
-        }
+        done += read_some(r, buf.get_mut(done..).unwrap_or_default(), pace).await?;
     }
     Ok(())
 }
 
 /// Reads and drops `len` bytes (the payload of a request that is refused).
-pub(crate) async fn discard<R: AsyncRead + Unpin>(r: &mut R, mut len: u64, timeout: Duration) -> Result<(), End> {
+pub(crate) async fn discard<R: AsyncRead + Unpin>(r: &mut R, mut len: u64, pace: &mut Pace) -> Result<(), End> {
     let mut scratch = [0u8; 8192];
     while len > 0 {
         let n = len.min(scratch.len() as u64) as usize;
-        read_full(r, scratch.get_mut(..n).unwrap_or_default(), timeout).await?;
-        len -= n as u64;
+        len -= read_some(r, scratch.get_mut(..n).unwrap_or_default(), pace).await? as u64;
     }
     Ok(())
 }

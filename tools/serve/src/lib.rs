@@ -10,8 +10,10 @@
 //!
 //! The server runs on its own tokio runtime ([`start`] returns a [`Running`] handle), so callers
 //! stay synchronous. Engine calls that may touch the disk run on the runtime's blocking pool;
-//! payload memory is bounded by a byte budget shared by all connections ([`budget`]), and the
-//! number of connections by a limit; one misbehaving client costs only its own connection.
+//! payload memory is taken as bytes arrive from a byte budget shared by all connections
+//! ([`budget`]), every request must arrive at a minimum rate ([`pace`]), buffers left idle are
+//! given back to the system, and the number of connections is limited: one misbehaving client
+//! costs only its own connection.
 
 #![deny(missing_docs)]
 
@@ -21,6 +23,8 @@ mod listen;
 pub mod lm;
 pub mod metrics;
 mod options;
+pub mod pace;
+mod payload;
 pub mod resp;
 mod shared;
 
@@ -158,7 +162,28 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
     if let Some(listener) = http {
         accept.push(runtime.spawn(metrics::http::serve(listener, Arc::clone(&shared))));
     }
+    runtime.spawn(trim_idle_buffers(Arc::clone(&shared)));
     Ok(Running { runtime: Some(runtime), stop, accept, connections, max_connections, addrs, metrics })
+}
+
+/// Buffers unused this long are freed: the pools keep buffers to save page faults while traffic
+/// lasts, not after it.
+const BUFFER_IDLE: Duration = Duration::from_secs(5);
+
+/// Frees idle buffers of the server and the store every second, until shutdown.
+async fn trim_idle_buffers(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.clone();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        let freed = shared.pool.trim(BUFFER_IDLE) + shared.store.trim_buffers(BUFFER_IDLE);
+        if freed > 0 {
+            tracing::debug!(freed, "freed idle buffers");
+        }
+    }
 }
 
 fn network_threads(asked: usize) -> usize {

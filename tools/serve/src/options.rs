@@ -28,6 +28,11 @@ pub struct ServeOptions {
     pub inflight_bytes: u64,
     /// A client that starts a request and then makes no progress for this long is disconnected.
     pub request_timeout: Duration,
+    /// A request's header must arrive within this long of its first byte, and its payload
+    /// within this long plus what [`ServeOptions::min_rate`] allows ([`crate::pace`]).
+    pub header_timeout: Duration,
+    /// Bytes per second every request must keep up on average; 0 disables the limit.
+    pub min_rate: u64,
     /// A client idle between requests for this long is disconnected (`None`: never).
     pub idle_timeout: Option<Duration>,
     /// When a stored object is acknowledged (RESP SET) or counted as stored (lm:// PUT).
@@ -55,6 +60,8 @@ impl Default for ServeOptions {
             max_connections: 1024,
             inflight_bytes: 2 << 30,
             request_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(10),
+            min_rate: 1 << 20,
             idle_timeout: None,
             durability: Durability::Written,
             ttl_secs: None,

@@ -9,6 +9,8 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::budget::Budget;
 use crate::metrics::Metrics;
+use crate::pace::{Pace, PaceLimits};
+use crate::payload::Memory;
 use crate::ServeOptions;
 
 /// What every connection shares.
@@ -26,6 +28,20 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The limits every request is held to while it arrives.
+    pub(crate) fn pace(&self) -> Pace {
+        Pace::start(PaceLimits {
+            progress: self.opts.request_timeout,
+            grace: self.opts.header_timeout,
+            min_rate: self.opts.min_rate,
+        })
+    }
+
+    /// Where payloads take their memory.
+    pub(crate) fn memory(&self) -> Memory<'_> {
+        Memory { budget: &self.budget, pool: &self.pool, patience: self.opts.request_timeout }
+    }
+
     /// Gets a block: from memory right here when it is resident (no thread hand-off on a DRAM-tier
     /// hit), otherwise on the blocking pool, where a device read may wait.
     pub(crate) async fn get(&self, namespace: &str, key: String) -> Result<Option<Block>, String> {

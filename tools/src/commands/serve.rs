@@ -50,6 +50,14 @@ pub struct ServeArgs {
     /// how long shutdown waits for requests in progress).
     #[arg(long, default_value_t = 30, value_name = "SECS")]
     pub request_timeout: u64,
+    /// Seconds a request's header may take to arrive from its first byte; its payload gets this
+    /// long plus what --min-rate allows.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub header_timeout: u64,
+    /// Bytes per second every request must keep up on average (0 = no limit); a client
+    /// trickling slower is disconnected.
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "1MiB", value_name = "SIZE")]
+    pub min_rate: u64,
     /// Seconds a connection may sit idle between requests (0 = forever; LMCache keeps its
     /// connections open).
     #[arg(long, default_value_t = 0, value_name = "SECS")]
@@ -134,6 +142,8 @@ pub fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
         max_connections: args.max_connections,
         inflight_bytes: args.max_inflight,
         request_timeout: Duration::from_secs(args.request_timeout.max(1)),
+        header_timeout: Duration::from_secs(args.header_timeout.max(1)),
+        min_rate: args.min_rate,
         idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
         durability: args.durability,
         ttl_secs: args.ttl,
@@ -197,6 +207,8 @@ mod tests {
             max_connections: 8,
             max_inflight: 1 << 30,
             request_timeout: 30,
+            header_timeout: 10,
+            min_rate: 1 << 20,
             idle_timeout: 0,
             durability: Durability::Written,
             ttl: None,

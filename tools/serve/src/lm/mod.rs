@@ -17,6 +17,8 @@ use kvhoard_engine::PutOptions;
 
 use crate::conn::{self, Conn, End};
 use crate::metrics::{Op, Outcome, Proto};
+use crate::pace::Pace;
+use crate::payload;
 use crate::Shared;
 use pending::Pending;
 use wire::{Code, Command, Request, WireMeta, NO_CHUNK, REQUEST_BYTES};
@@ -34,8 +36,9 @@ async fn serve_requests(conn: &mut Conn, shared: &Arc<Shared>, pending: &mut Pen
         if let Err(end) = conn::next_request(conn, shared).await {
             return end;
         }
+        let mut pace = shared.pace();
         let mut header = [0u8; REQUEST_BYTES];
-        if let Err(end) = conn::read_full(conn, &mut header, shared.opts.request_timeout).await {
+        if let Err(end) = conn::read_full(conn, &mut header, &mut pace).await {
             return end;
         }
         let request = match wire::parse_request(&header) {
@@ -47,7 +50,7 @@ async fn serve_requests(conn: &mut Conn, shared: &Arc<Shared>, pending: &mut Pen
             pending.settle(key).await;
         }
         let (op, outcome) = match request.command {
-            Command::Put => (Op::Put, put(conn, shared, request, started, pending).await),
+            Command::Put => (Op::Put, put(conn, shared, request, (started, pace), pending).await),
             Command::Get => (Op::Get, get(conn, shared, request).await.map(Some)),
             Command::Exist => (Op::Exists, exist(conn, shared, request).await.map(Some)),
             Command::Health => (Op::Other, reply(conn, shared, Code::Success).await.map(|()| Some(Outcome::Hit))),
@@ -76,13 +79,13 @@ async fn put(
     conn: &mut Conn,
     shared: &Arc<Shared>,
     request: Request,
-    started: Instant,
+    (started, mut pace): (Instant, Pace),
     pending: &mut Pending,
 ) -> Result<Option<Outcome>, End> {
-    let timeout = shared.opts.request_timeout;
+    let pace = &mut pace;
     let length = u64::from(request.length);
     if length > shared.opts.max_object_bytes {
-        conn::discard(conn, length, timeout).await?;
+        conn::discard(conn, length, pace).await?;
         return Ok(Some(refused(
             &request.key,
             format!(
@@ -94,20 +97,18 @@ async fn put(
     let key = match &request.key {
         Ok(k) => k.clone(),
         Err(e) => {
-            conn::discard(conn, length, timeout).await?;
+            conn::discard(conn, length, pace).await?;
             return Ok(Some(refused(&request.key, e.to_string())));
         }
     };
     let desc = match wire::desc_from_wire(&request.meta, length) {
         Ok(d) => d,
         Err(e) => {
-            conn::discard(conn, length, timeout).await?;
+            conn::discard(conn, length, pace).await?;
             return Ok(Some(refused(&request.key, e.to_string())));
         }
     };
-    let room = shared.budget.take(length).await;
-    let mut buf = shared.pool.get(request.length as usize);
-    conn::read_full(conn, &mut buf, timeout).await?;
+    let (buf, room) = payload::read(conn, request.length as usize, pace, &shared.memory()).await?;
     shared.metrics.received(Proto::Lm, length);
     // Two PUTs of one key are stored in the order they came.
     pending.settle(&key).await;

@@ -1,14 +1,13 @@
 //! Reading RESP requests: arrays of bulk strings (what every client library sends) and inline
 //! commands (what a person types into `nc`), each bounded before anything is allocated.
 
-use std::time::Duration;
-
-use kvhoard_engine::buffer::{BufferPool, PooledBuf};
-use std::sync::Arc;
+use kvhoard_engine::buffer::PooledBuf;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead};
 
-use crate::budget::{Budget, Room};
+use crate::budget::Room;
 use crate::conn::{self, End};
+use crate::pace::Pace;
+use crate::payload::{self, Memory};
 
 /// Most arguments in one command.
 pub const MAX_ARGS: usize = 1024;
@@ -59,24 +58,21 @@ pub enum Read {
     Nothing,
 }
 
-/// Where payload buffers come from and how long a client may stall.
-pub struct Limits<'a> {
+/// The largest SET value, and where payloads take their memory.
+pub(crate) struct Limits<'a> {
     /// Largest SET value.
     pub max_object: u64,
-    /// Budget for payloads in memory.
-    pub budget: &'a Budget,
-    /// Buffers for payloads.
-    pub pool: &'a Arc<BufferPool>,
-    /// Progress timeout inside a request.
-    pub timeout: Duration,
+    /// Budget and buffers for payloads.
+    pub memory: Memory<'a>,
 }
 
 /// Reads one line (without its `\r\n`), at most [`MAX_LINE`] bytes.
-async fn line<R: AsyncBufRead + Unpin>(r: &mut R, timeout: Duration) -> Result<Vec<u8>, End> {
+async fn line<R: AsyncBufRead + Unpin>(r: &mut R, pace: &mut Pace) -> Result<Vec<u8>, End> {
     let mut out = Vec::new();
     loop {
-        let avail = match tokio::time::timeout(timeout, r.fill_buf()).await {
-            Err(_) => return Err(End::Lost(format!("no data for {timeout:?} in the middle of a request"))),
+        let wait = pace.next_wait()?;
+        let avail = match tokio::time::timeout(wait, r.fill_buf()).await {
+            Err(_) => return Err(pace.timed_out()),
             Ok(Err(e)) => return Err(End::Lost(e.to_string())),
             Ok(Ok([])) => return Err(End::Lost("disconnected in the middle of a request".into())),
             Ok(Ok(a)) => a,
@@ -87,6 +83,7 @@ async fn line<R: AsyncBufRead + Unpin>(r: &mut R, timeout: Duration) -> Result<V
         };
         out.extend_from_slice(avail.get(..take).unwrap_or_default());
         r.consume(take);
+        pace.arrived(take);
         if out.len() > MAX_LINE + 2 {
             return Err(End::Protocol(format!("a line longer than {MAX_LINE} bytes")));
         }
@@ -109,9 +106,9 @@ fn number(line: &[u8], what: &str) -> Result<i64, End> {
         .ok_or_else(|| End::Protocol(format!("invalid {what} {:?}", String::from_utf8_lossy(line))))
 }
 
-async fn crlf<R: AsyncRead + Unpin>(r: &mut R, timeout: Duration) -> Result<(), End> {
+async fn crlf<R: AsyncRead + Unpin>(r: &mut R, pace: &mut Pace) -> Result<(), End> {
     let mut end = [0u8; 2];
-    conn::read_full(r, &mut end, timeout).await?;
+    conn::read_full(r, &mut end, pace).await?;
     if &end != b"\r\n" {
         return Err(End::Protocol("a bulk string not followed by CRLF".into()));
     }
@@ -119,8 +116,12 @@ async fn crlf<R: AsyncRead + Unpin>(r: &mut R, timeout: Duration) -> Result<(), 
 }
 
 /// Reads the next request.
-pub async fn read<R: AsyncBufRead + Unpin>(r: &mut R, limits: &Limits<'_>) -> Result<Read, End> {
-    let first = line(r, limits.timeout).await?;
+pub(crate) async fn read<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    limits: &Limits<'_>,
+    pace: &mut Pace,
+) -> Result<Read, End> {
+    let first = line(r, pace).await?;
     let Some((&b'*', count)) = first.split_first() else {
         let args: Vec<Arg> = first
             .split(|b| b.is_ascii_whitespace())
@@ -143,7 +144,7 @@ pub async fn read<R: AsyncBufRead + Unpin>(r: &mut R, limits: &Limits<'_>) -> Re
     let mut refused = None;
     let mut small_bytes = 0u64;
     for i in 0..count as usize {
-        let header = line(r, limits.timeout).await?;
+        let header = line(r, pace).await?;
         let Some((&b'$', len)) = header.split_first() else {
             return Err(End::Protocol(format!("expected '$', got {:?}", String::from_utf8_lossy(&header))));
         };
@@ -161,22 +162,21 @@ pub async fn read<R: AsyncBufRead + Unpin>(r: &mut R, limits: &Limits<'_>) -> Re
             }
         }
         if is_value && len > limits.max_object {
-            conn::discard(r, len + 2, limits.timeout).await?;
+            conn::discard(r, len + 2, pace).await?;
             refused = Some(Refused::TooLarge { len, max: limits.max_object });
             args.push(Arg::Small(Vec::new()));
             continue;
         }
         let arg = if is_value {
-            let room = limits.budget.take(len).await;
-            let mut buf = limits.pool.get(len as usize);
-            conn::read_full(r, &mut buf, limits.timeout).await?;
+            let len = usize::try_from(len).map_err(|_| End::Protocol(format!("a value of {len} bytes")))?;
+            let (buf, room) = payload::read(r, len, pace, &limits.memory).await?;
             Arg::Payload(buf, room)
         } else {
             let mut v = vec![0u8; len as usize];
-            conn::read_full(r, &mut v, limits.timeout).await?;
+            conn::read_full(r, &mut v, pace).await?;
             Arg::Small(v)
         };
-        crlf(r, limits.timeout).await?;
+        crlf(r, pace).await?;
         args.push(arg);
     }
     Ok(match refused {
@@ -188,15 +188,22 @@ pub async fn read<R: AsyncBufRead + Unpin>(r: &mut R, limits: &Limits<'_>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::Budget;
+    use crate::pace::PaceLimits;
+    use kvhoard_engine::buffer::BufferPool;
+    use std::time::Duration;
 
     fn parse(input: &[u8], max_object: u64) -> Result<Vec<Vec<u8>>, String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
         let budget = Budget::new(1 << 20);
         let pool = BufferPool::new(4, 1 << 20);
-        let limits = Limits { max_object, budget: &budget, pool: &pool, timeout: Duration::from_secs(1) };
+        let memory = Memory { budget: &budget, pool: &pool, patience: Duration::from_secs(1) };
+        let limits = Limits { max_object, memory };
+        let second = Duration::from_secs(1);
+        let mut pace = Pace::start(PaceLimits { progress: second, grace: second, min_rate: 0 });
         let mut r = input;
         rt.block_on(async {
-            match read(&mut r, &limits).await {
+            match read(&mut r, &limits, &mut pace).await {
                 Ok(Read::Command(args)) => Ok(args.iter().map(|a| a.bytes().to_vec()).collect()),
                 Ok(Read::Refused(why)) => Err(format!("{why:?}")),
                 Ok(Read::Nothing) => Ok(Vec::new()),
@@ -228,7 +235,7 @@ mod tests {
             (b"*1\r\n$-5\r\n", "protocol: invalid bulk length"),
             (b"*1\r\n$3\r\nGETxx", "protocol: a bulk string not followed by CRLF"),
             (b"*2\r\n$3\r\nGET\r\n$100000\r\n", "protocol: an argument of 100000 bytes"),
-            (b"*2\r\n$3\r\nGET\r\n$10\r\nabc", "lost: disconnected after 3 of 10 bytes"),
+            (b"*2\r\n$3\r\nGET\r\n$10\r\nabc", "lost: disconnected in the middle of a request, after 21 bytes"),
             (b"*2\r\n$3\r\nGET\r\n", "lost: disconnected in the middle"),
         ] {
             let got = parse(input, 100);

@@ -70,15 +70,13 @@ pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
         authenticated: shared.opts.resp_password.is_none(),
         id: shared.metrics.connections_total(Proto::Resp),
     };
-    let timeout = shared.opts.request_timeout;
     loop {
         if let Err(end) = conn::next_request(&mut conn, shared).await {
             return end;
         }
-        let limits =
-            Limits { max_object: shared.opts.max_object_bytes, budget: &shared.budget, pool: &shared.pool, timeout };
+        let limits = Limits { max_object: shared.opts.max_object_bytes, memory: shared.memory() };
         let started = Instant::now();
-        let args = match frame::read(&mut conn, &limits).await {
+        let args = match frame::read(&mut conn, &limits, &mut shared.pace()).await {
             Ok(Read::Command(args)) => args,
             Ok(Read::Nothing) => continue,
             Ok(Read::Refused(Refused::TooLarge { len, max })) => {
