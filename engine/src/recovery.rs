@@ -14,7 +14,7 @@ use crate::buffer::AlignedBuf;
 use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
-use crate::index::{content_fp, key_fp, ContentEntry, Index};
+use crate::index::{header_fp, key_fp, ContentEntry, Index};
 use crate::log::scan::{read_segment, read_segment_header};
 use crate::log::seal::write_seal;
 use crate::log::{Loc, OpenSeg, SegInfo, SegState};
@@ -283,18 +283,11 @@ pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry) {
     match h.kind {
         RecordKind::Block => {
             let units = (h.record_bytes() / UNIT_BYTES) as u32;
-            let block = ContentEntry {
-                fp: content_fp(&h.namespace, &h.content_hash),
-                record: loc,
-                units,
-                raw_len: h.raw_len as u32,
-                refs: 0,
-                ns,
-            };
+            let block = ContentEntry { fp: header_fp(h), record: loc, units, raw_len: h.raw_len as u32, refs: 0, ns };
             index.apply_block(key, block, expires);
         }
         RecordKind::Link => {
-            index.apply_link(ns, key, content_fp(&h.namespace, &h.content_hash), loc, expires);
+            index.apply_link(ns, key, header_fp(h), loc, expires);
         }
         RecordKind::Tombstone => {
             index.remove_key(&key);

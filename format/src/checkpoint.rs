@@ -20,8 +20,11 @@ use crate::FormatError;
 
 /// Magic of a checkpoint.
 pub const MAGIC: [u8; 8] = *b"KVHCKPT\0";
-/// Checkpoint version this build writes and the newest it reads.
-pub const VERSION: u32 = 1;
+/// Checkpoint version this build writes and the only one it reads. Version 2 changed what a
+/// content fingerprint covers (the block's description and codec as well as its bytes), so a
+/// version 1 checkpoint's fingerprints mean something else: it is refused as
+/// [`FormatError::Outdated`] and the index is rebuilt from the log, which holds everything.
+pub const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 80;
 const SEGMENT_BYTES: usize = 16;
 const CONTENT_BYTES: usize = 36;
@@ -164,6 +167,9 @@ impl Checkpoint {
         let version = r.u32()?;
         check_crc(WHAT, u32::from_le_bytes(crc.try_into().unwrap_or_default()), &[body])?;
         check_version(WHAT, version, VERSION)?;
+        if version < VERSION {
+            return Err(FormatError::Outdated { what: WHAT, found: version, current: VERSION });
+        }
         r.u32()?;
         let volume_id = r.array()?;
         let checkpoint_seq = r.u64()?;
@@ -315,7 +321,7 @@ mod tests {
     fn golden_bytes_match_the_spec() {
         let mut expected: Vec<u8> = Vec::new();
         expected.extend_from_slice(b"KVHCKPT\0");
-        expected.extend_from_slice(&1u32.to_le_bytes()); // version
+        expected.extend_from_slice(&2u32.to_le_bytes()); // version
         expected.extend_from_slice(&0u32.to_le_bytes()); // reserved
         expected.extend_from_slice(&[1; 16]); // volume_id
         expected.extend_from_slice(&3u64.to_le_bytes()); // checkpoint_seq
@@ -351,6 +357,16 @@ mod tests {
         let crc = crc32c::crc32c(&expected);
         expected.extend_from_slice(&crc.to_le_bytes());
         assert_eq!(sample().encode(), expected);
+    }
+
+    #[test]
+    fn a_checkpoint_of_an_older_version_is_refused_as_outdated() {
+        let mut enc = sample().encode();
+        enc[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let body = enc.len() - 4;
+        let crc = crc32c::crc32c(&enc[..body]);
+        enc[body..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(Checkpoint::decode(&enc), Err(FormatError::Outdated { found: 1, current: 2, .. })));
     }
 
     #[test]

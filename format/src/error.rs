@@ -25,6 +25,17 @@ pub enum FormatError {
         /// The bytes found where the magic belongs.
         found: Vec<u8>,
     },
+    /// The structure was written by an older version this build no longer uses (it is rebuilt
+    /// from what it summarises).
+    #[error("{what}: written in format version {found}, which this build no longer uses (it writes {current})")]
+    Outdated {
+        /// The structure being decoded.
+        what: &'static str,
+        /// The version found on disk.
+        found: u32,
+        /// The version this build writes.
+        current: u32,
+    },
     /// The structure was written by a format version this build does not understand.
     #[error("{what}: format version {found} is not supported (this build reads up to {supported}); upgrade kvhoard")]
     UnsupportedVersion {

@@ -100,6 +100,23 @@ impl CompressionMeta {
     }
 }
 
+/// How a block's stored bytes are to be read: its description and its codec with parameters,
+/// encoded exactly as in a record header. Two records hold the same block only if their content
+/// hashes and these bytes are equal (the engine deduplicates on both: a key's description is
+/// the key's own, never borrowed from another key that stored the same bytes).
+pub fn reading_of(desc: &BlockDesc, compression: &CompressionMeta) -> Vec<u8> {
+    let mut w = Writer::with_capacity(desc.encoded_len() + compression.encoded_len());
+    encode_reading(&mut w, desc, compression);
+    w.buf
+}
+
+fn encode_reading(w: &mut Writer, desc: &BlockDesc, compression: &CompressionMeta) {
+    desc.encode(w);
+    w.u16(compression.codec_id);
+    w.u16(compression.codec_version);
+    w.bytes(&compression.params);
+}
+
 /// A decoded record header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordHeader {
@@ -214,10 +231,7 @@ impl RecordHeader {
         debug_assert_eq!(w.buf.len(), FIXED_BYTES);
         w.bytes(self.namespace.as_bytes());
         w.bytes(self.key.as_bytes());
-        self.desc.encode(&mut w);
-        w.u16(self.compression.codec_id);
-        w.u16(self.compression.codec_version);
-        w.bytes(&self.compression.params);
+        encode_reading(&mut w, &self.desc, &self.compression);
         let crc = header_crc(&w.buf);
         if let Some(slot) = w.buf.get_mut(HEADER_CRC_OFFSET..HEADER_CRC_OFFSET + 4) {
             slot.copy_from_slice(&crc.to_le_bytes());

@@ -175,6 +175,31 @@ fn lm_keeps_every_description_and_key_lmcache_sends() {
 }
 
 #[test]
+fn every_key_gets_back_its_own_shape_whoever_stored_the_same_bytes() {
+    let server = Server::start(options());
+    let mut c = server.lm();
+    let bytes = chunk_bytes(42, 2 << 20);
+    let other = WireMeta { fmt: 1, dtype: 3, shape: [2, 2, 512, 512] };
+    lm_put(&mut c, "a", &CHUNK, &bytes);
+    assert_eq!(lm_get(&mut c, "a").map(|(m, _)| m), Some(CHUNK));
+    lm_put(&mut c, "b", &other, &bytes);
+    let (meta, got) = lm_get(&mut c, "b").expect("b is stored");
+    assert_eq!(meta, other, "b reads back the shape it was stored with, not a's");
+    assert!(got == bytes);
+    assert_eq!(lm_get(&mut c, "a").map(|(m, _)| m), Some(CHUNK), "a keeps its own shape");
+    // Bytes stored first over RESP (with no description), then over lm:// with one.
+    let mut r = server.resp();
+    let shared = chunk_bytes(43, 1 << 20);
+    resp_exchange(&mut r, &cmd(&[b"SET", b"r", &shared]), b"+OK\r\n");
+    let small = WireMeta { fmt: 1, dtype: 3, shape: [2, 1, 512, 512] };
+    lm_put(&mut c, "r", &small, &shared);
+    assert!(lm_exists(&mut c, "r"));
+    let (meta, got) = lm_get(&mut c, "r").expect("an lm:// PUT of bytes RESP stored reads back");
+    assert_eq!(meta, small);
+    assert!(got == shared);
+}
+
+#[test]
 fn lm_bad_input_costs_only_that_request_or_connection() {
     let opts = ServeOptions { max_object_bytes: 4 << 20, request_timeout: Duration::from_millis(500), ..options() };
     let server = Server::start(opts);

@@ -12,7 +12,7 @@ use crate::buffer::AlignedBuf;
 use crate::checkpoint::CheckpointStore;
 use crate::device::{BlockDevice, FileDevice};
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, is_expired, key_fp, Index};
+use crate::index::{bytes_prefix, is_expired, key_fp, Index};
 use crate::log::Loc;
 use crate::volume::VolumePaths;
 
@@ -105,7 +105,7 @@ impl VolumeView {
             });
         }
         let hash = kvhoard_format::hex::decode_hash(key_or_hash)?;
-        let slot = self.index.content_slot(&content_fp(namespace, &hash))?;
+        let slot = self.index.content_slot_by_bytes(&bytes_prefix(namespace, &hash))?;
         let c = self.index.content(slot)?;
         Some(Found { block: c.record, key_record: None, key: None, expires_unix_s: 0 })
     }

@@ -273,8 +273,18 @@ fn checkpoint_problems(
                 crate::checkpoint::LoadError::Damaged(_) => {
                     ("checkpoint_damaged", "it is ignored and the index is rebuilt from the log; repair replaces it")
                 }
+                crate::checkpoint::LoadError::Outdated(_) => (
+                    "checkpoint_outdated",
+                    "open rebuilds the index from the log, as this build reads it, and writes a current checkpoint",
+                ),
             };
-            r.problems.push(problem(Severity::Warning, kind, None, None, format!("{what}: {why}"), meaning));
+            // An outdated checkpoint is an upgrade, not damage: nothing needs repair.
+            let severity = if matches!(why, crate::checkpoint::LoadError::Outdated(_)) {
+                Severity::Info
+            } else {
+                Severity::Warning
+            };
+            r.problems.push(problem(severity, kind, None, None, format!("{what}: {why}"), meaning));
             None
         }
     }

@@ -27,6 +27,9 @@ pub enum LoadError {
     /// It does not decode.
     #[error("the checkpoint is damaged: {0}")]
     Damaged(String),
+    /// An older kvhoard wrote it in a format this build no longer reads.
+    #[error("the checkpoint was written by an older kvhoard (checkpoint format {0})")]
+    Outdated(u32),
 }
 
 /// Where this volume's checkpoints live.
@@ -64,6 +67,10 @@ impl CheckpointStore {
         match self.load_verbose(dev, volume_id) {
             Ok(cp) => Some(cp),
             Err(LoadError::Missing) => None,
+            Err(e @ LoadError::Outdated(_)) => {
+                tracing::info!("{e}: rebuilding the index from the log (once; the next checkpoint is current)");
+                None
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "checkpoint unusable; replaying the log");
                 None
@@ -94,6 +101,7 @@ impl CheckpointStore {
                     }
                 }
                 Ok(_) => error = LoadError::Foreign,
+                Err(kvhoard_format::FormatError::Outdated { found, .. }) => error = LoadError::Outdated(found),
                 Err(e) => {
                     if !matches!(error, LoadError::Foreign) {
                         error = LoadError::Damaged(e.to_string());

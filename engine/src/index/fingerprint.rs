@@ -1,8 +1,12 @@
 //! Fingerprints: how the index names keys and blocks without holding their strings.
 
+use kvhoard_format::record::{reading_of, RecordHeader};
+use kvhoard_format::{BlockDesc, CompressionMeta};
+
 /// Fingerprint of a (namespace, key) pair.
 pub(crate) type KeyFp = [u8; 16];
-/// Fingerprint of a (namespace, content hash) pair: identical bytes in one namespace share it.
+/// Fingerprint of a stored block: (namespace, content hash, how the bytes are read). Identical
+/// bytes with the same description and codec in one namespace share it; see [`content_fp`].
 pub(crate) type ContentFp = [u8; 16];
 
 /// A key of a namespace, as the engine names it: 128 bits of the blake3 of the namespace and the
@@ -22,10 +26,42 @@ pub(crate) fn key_fp(namespace: &str, key: &str) -> KeyFp {
     fp(&[namespace.as_bytes(), &[0], key.as_bytes()])
 }
 
-/// Fingerprint of a content hash in a namespace. Namespaces never share a fingerprint, so they
-/// never share storage.
-pub(crate) fn content_fp(namespace: &str, hash: &[u8; 32]) -> ContentFp {
-    fp(&[namespace.as_bytes(), &[1], hash])
+/// Fingerprint of a block in a namespace. Namespaces never share a fingerprint, so they never
+/// share storage. Nor do blocks whose bytes are equal but whose descriptions or codecs differ
+/// ([`kvhoard_format::record::reading_of`]): a key's description is its own, so a put of bytes
+/// already stored under another description stores them again.
+///
+/// The first 8 bytes depend on the namespace and the content hash alone, the last 8 on the
+/// description and codec too. The index hashes fingerprints by their first 8 bytes, so every
+/// block with given bytes sits in one probe sequence and [`bytes_prefix`] finds them by hash
+/// alone (`get_by_hash`), at no memory cost.
+pub(crate) fn content_fp(
+    namespace: &str,
+    hash: &[u8; 32],
+    desc: &BlockDesc,
+    compression: &CompressionMeta,
+) -> ContentFp {
+    let reading = reading_of(desc, compression);
+    let variant = fp(&[namespace.as_bytes(), &[2], hash, &reading]);
+    let mut out = [0u8; 16];
+    let (head, tail) = out.split_at_mut(8);
+    head.copy_from_slice(&bytes_prefix(namespace, hash));
+    tail.copy_from_slice(variant.split_at(8).0);
+    out
+}
+
+/// Fingerprint of the block a record header describes (a block record, or the block a link
+/// names).
+pub(crate) fn header_fp(h: &RecordHeader) -> ContentFp {
+    content_fp(&h.namespace, &h.content_hash, &h.desc, &h.compression)
+}
+
+/// The first 8 bytes of the fingerprint of every block of `namespace` whose content hash is `hash`.
+pub(crate) fn bytes_prefix(namespace: &str, hash: &[u8; 32]) -> [u8; 8] {
+    let whole = fp(&[namespace.as_bytes(), &[1], hash]);
+    let mut out = [0u8; 8];
+    out.copy_from_slice(whole.split_at(8).0);
+    out
 }
 
 fn fp(parts: &[&[u8]]) -> [u8; 16] {

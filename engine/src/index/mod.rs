@@ -20,7 +20,7 @@ use kvhoard_format::checkpoint as ckpt;
 
 use fingerprint::hash_of;
 pub use fingerprint::KeyId;
-pub(crate) use fingerprint::{content_fp, key_fp, ContentFp, KeyFp};
+pub(crate) use fingerprint::{bytes_prefix, content_fp, header_fp, key_fp, ContentFp, KeyFp};
 
 use crate::log::Loc;
 
@@ -133,6 +133,17 @@ impl Index {
     pub fn content_slot(&self, fp: &ContentFp) -> Option<u32> {
         let contents = &self.contents;
         self.content_table.find(hash_of(fp), |&s| contents.get(s as usize).is_some_and(|c| c.fp == *fp)).copied()
+    }
+
+    /// The slot of some block of a namespace whose content hash gives `prefix`
+    /// ([`fingerprint::bytes_prefix`]), whatever its description and codec.
+    pub fn content_slot_by_bytes(&self, prefix: &[u8; 8]) -> Option<u32> {
+        let contents = &self.contents;
+        let mut whole = [0u8; 16];
+        whole.split_at_mut(8).0.copy_from_slice(prefix);
+        self.content_table
+            .find(hash_of(&whole), |&s| contents.get(s as usize).is_some_and(|c| c.fp.split_at(8).0 == prefix))
+            .copied()
     }
 
     /// The entry in a slot.
@@ -431,6 +442,11 @@ pub fn is_expired(k: &KeyEntry, now_unix_s: u32) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+    use kvhoard_format::{BlockDesc, CompressionMeta};
+
+    fn opaque() -> BlockDesc {
+        BlockDesc::opaque()
+    }
 
     fn loc(segment: u32, unit: u32) -> Loc {
         Loc { segment, unit }
@@ -444,7 +460,7 @@ mod tests {
     fn dedup_shares_one_block_and_refcounts_it() {
         let mut ix = Index::default();
         let ns = ix.ns_id_or_insert("default").unwrap();
-        let c = content_fp("default", &[9; 32]);
+        let c = content_fp("default", &[9; 32], &opaque(), &CompressionMeta::none());
         ix.apply_block(key_fp("default", "a"), block(ns, c, loc(0, 1), 3, 8000), 0);
         assert!(ix.apply_link(ns, key_fp("default", "b"), c, loc(0, 4), 0));
         assert_eq!(ix.block_count(), 1);
@@ -460,7 +476,10 @@ mod tests {
 
     #[test]
     fn namespaces_never_share_blocks() {
-        assert_ne!(content_fp("a", &[1; 32]), content_fp("b", &[1; 32]));
+        assert_ne!(
+            content_fp("a", &[1; 32], &opaque(), &CompressionMeta::none()),
+            content_fp("b", &[1; 32], &opaque(), &CompressionMeta::none())
+        );
         assert_ne!(key_fp("a", "k"), key_fp("b", "k"));
     }
 
@@ -468,8 +487,8 @@ mod tests {
     fn dropping_a_segment_drops_its_blocks_and_the_keys_that_reach_them() {
         let mut ix = Index::default();
         let ns = ix.ns_id_or_insert("default").unwrap();
-        let c1 = content_fp("default", &[1; 32]);
-        let c2 = content_fp("default", &[2; 32]);
+        let c1 = content_fp("default", &[1; 32], &opaque(), &CompressionMeta::none());
+        let c2 = content_fp("default", &[2; 32], &opaque(), &CompressionMeta::none());
         ix.apply_block(key_fp("default", "a"), block(ns, c1, loc(0, 1), 2, 10), 0);
         ix.apply_block(key_fp("default", "b"), block(ns, c2, loc(1, 1), 2, 10), 0);
         assert!(ix.apply_link(ns, key_fp("default", "c"), c1, loc(1, 3), 0));
@@ -490,8 +509,16 @@ mod tests {
         let mut ix = Index::default();
         let ns = ix.ns_id_or_insert("default").unwrap();
         let k = key_fp("default", "a");
-        ix.apply_block(k, block(ns, content_fp("default", &[1; 32]), loc(0, 1), 2, 10), 0);
-        ix.apply_block(k, block(ns, content_fp("default", &[2; 32]), loc(0, 3), 2, 20), 0);
+        ix.apply_block(
+            k,
+            block(ns, content_fp("default", &[1; 32], &opaque(), &CompressionMeta::none()), loc(0, 1), 2, 10),
+            0,
+        );
+        ix.apply_block(
+            k,
+            block(ns, content_fp("default", &[2; 32], &opaque(), &CompressionMeta::none()), loc(0, 3), 2, 20),
+            0,
+        );
         assert_eq!(ix.block_count(), 1);
         assert_eq!(ix.counters(ns).logical_bytes, 20);
         let (contents, keys) = ix.to_checkpoint();
@@ -503,8 +530,16 @@ mod tests {
     fn expired_keys_are_purged() {
         let mut ix = Index::default();
         let ns = ix.ns_id_or_insert("default").unwrap();
-        ix.apply_block(key_fp("default", "a"), block(ns, content_fp("default", &[1; 32]), loc(0, 1), 2, 10), 100);
-        ix.apply_block(key_fp("default", "b"), block(ns, content_fp("default", &[2; 32]), loc(0, 3), 2, 10), 0);
+        ix.apply_block(
+            key_fp("default", "a"),
+            block(ns, content_fp("default", &[1; 32], &opaque(), &CompressionMeta::none()), loc(0, 1), 2, 10),
+            100,
+        );
+        ix.apply_block(
+            key_fp("default", "b"),
+            block(ns, content_fp("default", &[2; 32], &opaque(), &CompressionMeta::none()), loc(0, 3), 2, 10),
+            0,
+        );
         assert_eq!(ix.purge_expired(99), 0);
         assert_eq!(ix.purge_expired(100), 1);
         assert_eq!(ix.key_count(), 1);

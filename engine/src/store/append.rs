@@ -16,7 +16,7 @@ use super::submit::{WriteJob, PARALLEL_MIN_BYTES};
 use super::Store;
 use crate::buffer::{BufferPool, PooledBuf};
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, key_fp, ContentEntry, ContentFp, KeyFp};
+use crate::index::{header_fp, key_fp, ContentEntry, ContentFp, KeyFp};
 use crate::log::{Loc, LogState};
 use crate::parts::Parts;
 use crate::placement::BlockInfo;
@@ -91,7 +91,7 @@ impl Parts {
         if header.compression.is_none() {
             header.content_hash = *blake3::hash(bytes).as_bytes();
         }
-        let content = content_fp(namespace, &header.content_hash);
+        let content = header_fp(&header);
         if self.index_read().content_slot(&content).is_some() {
             // The bytes are stored already: a link record names them.
             header.kind = RecordKind::Link;

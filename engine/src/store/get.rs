@@ -17,7 +17,7 @@ use kvhoard_format::UNIT_BYTES;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, is_expired, key_fp, ContentEntry, KeyFp};
+use crate::index::{bytes_prefix, content_fp, header_fp, is_expired, key_fp, ContentEntry, KeyFp};
 use crate::log::scan::check_payload;
 use crate::options::ReadOptions;
 use crate::parts::Parts;
@@ -110,17 +110,16 @@ impl Store {
             None => parts.read_header(&entry)?,
         };
         match header {
-            Ok(h) if h.kind == RecordKind::Block && content_fp(&h.namespace, &h.content_hash) == entry.fp => {
-                Ok(Some(BlockMeta::of(h, loc)))
-            }
+            Ok(h) if h.kind == RecordKind::Block && header_fp(&h) == entry.fp => Ok(Some(BlockMeta::of(h, loc))),
             // Raced with reclaim, or damaged: get() tells which (and counts damage).
             _ => Ok(self.get(namespace, key, ReadOptions::default())?.map(|b| b.meta)),
         }
     }
 
-    /// Whether the block with content hash `hash` in `namespace` is held by the DRAM tier.
-    pub fn in_dram(&self, namespace: &str, hash: &[u8; 32]) -> bool {
-        let cfp = content_fp(namespace, hash);
+    /// Whether the block `meta` describes (from [`Store::meta`] or a get) in `namespace` is held
+    /// by the DRAM tier.
+    pub fn in_dram(&self, namespace: &str, meta: &BlockMeta) -> bool {
+        let cfp = content_fp(namespace, &meta.content_hash, &meta.desc, &meta.compression);
         let loc = {
             let index = self.parts.index_read();
             index.content_slot(&cfp).and_then(|s| index.content(s)).map(|c| c.record)
@@ -185,15 +184,16 @@ impl Store {
         Ok(keys.iter().map(|k| index.key(&key_fp(namespace, k)).is_some_and(|e| !is_expired(e, now))).collect())
     }
 
-    /// The block with content hash `hash` in `namespace`, whatever key names it.
+    /// A block with content hash `hash` in `namespace`, whatever key names it. When the same
+    /// bytes are stored under several descriptions or codecs, any one of them.
     pub fn get_by_hash(&self, namespace: &str, hash: &[u8; 32], opts: ReadOptions) -> Result<Option<Block>> {
         self.parts.ensure_open()?;
         validate_namespace(namespace)?;
         let parts = &self.parts;
-        let cfp = content_fp(namespace, hash);
+        let prefix = bytes_prefix(namespace, hash);
         let lookup = || {
             let index = parts.index_read();
-            index.content_slot(&cfp).and_then(|s| index.content(s).copied())
+            index.content_slot_by_bytes(&prefix).and_then(|s| index.content(s).copied())
         };
         match lookup() {
             Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry)),
@@ -283,7 +283,7 @@ impl Parts {
         let tail = tail_buf.as_ref().and_then(|t| t.get(..tail_len)).unwrap_or_default();
         let body = buf.get(..body_len).unwrap_or_default();
         if header.kind != RecordKind::Block
-            || content_fp(&header.namespace, &header.content_hash) != entry.fp
+            || header_fp(&header) != entry.fp
             || !header.compression.is_none()
             || header.stored_len != raw as u64
             || header.payload_offset() != (header_units * unit) as u64
@@ -379,7 +379,7 @@ impl Parts {
 /// Checks a record read for `entry`: a block record of the expected bytes, payload intact.
 fn verify(record: &[u8], entry: &ContentEntry, opts: ReadOptions) -> std::result::Result<RecordHeader, String> {
     let header = RecordHeader::decode(record).map_err(|e| e.to_string())?;
-    if header.kind != RecordKind::Block || content_fp(&header.namespace, &header.content_hash) != entry.fp {
+    if header.kind != RecordKind::Block || header_fp(&header) != entry.fp {
         return Err("record holds other bytes than the index expects".into());
     }
     check_payload(&header, record)?;

@@ -9,7 +9,7 @@ use super::append::{Prepared, SOURCE_CHANGED};
 use super::submit::WriteJob;
 use super::Store;
 use crate::error::{Result, StoreError};
-use crate::index::{content_fp, key_fp};
+use crate::index::{header_fp, key_fp};
 use crate::log::Pos;
 use crate::options::{Durability, PutOptions};
 
@@ -161,7 +161,7 @@ impl Store {
             compression: meta.compression,
         };
         link.validate()?;
-        let content = content_fp(namespace, &meta.content_hash);
+        let content = header_fp(&link);
         let from_fp = key_fp(namespace, from);
         let mut items = [
             Prepared::without_payload(link, key_fp(namespace, to), content, Some(from_fp)),

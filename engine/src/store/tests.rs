@@ -77,6 +77,48 @@ fn identical_bytes_are_stored_once_per_namespace() {
 }
 
 #[test]
+fn every_key_reads_back_its_own_description_whatever_else_stored_the_same_bytes() {
+    use kvhoard_format::{BlockDesc, Dtype, Layout};
+    let (dev, s) = mem_store(8);
+    let bytes = block(11, 64 * 1024);
+    let shaped = |shape: Vec<u64>| PutOptions {
+        desc: Some(BlockDesc { dtype: Dtype::Bf16, layout: Layout::Kv2Ltd, shape }),
+        ..synced()
+    };
+    let (a, b) = (shaped(vec![2, 4, 64, 64]), shaped(vec![2, 2, 128, 64]));
+    s.put("default", "a", &bytes, &a).unwrap();
+    s.put("default", "b", &bytes, &b).unwrap();
+    s.put("default", "plain", &bytes, &synced()).unwrap();
+    s.put("default", "a-again", &bytes, &a).unwrap();
+    let st = s.stats();
+    assert_eq!((st.keys, st.blocks), (4, 3), "one block per description, shared by keys that agree");
+    let desc_of = |s: &Store, key: &str| s.get("default", key, ReadOptions::default()).unwrap().unwrap().meta.desc;
+    let check = |s: &Store| {
+        assert_eq!(desc_of(s, "a"), a.desc.clone().unwrap());
+        assert_eq!(desc_of(s, "b"), b.desc.clone().unwrap());
+        assert_eq!(desc_of(s, "plain"), BlockDesc::opaque());
+        assert_eq!(desc_of(s, "a-again"), a.desc.clone().unwrap());
+        assert_eq!(s.meta("default", "b").unwrap().unwrap().desc, b.desc.clone().unwrap());
+        assert_eq!(
+            s.get_by_hash("default", blake3::hash(&bytes).as_bytes(), ReadOptions::default())
+                .unwrap()
+                .unwrap()
+                .to_vec(),
+            bytes
+        );
+    };
+    check(&s);
+    // The same after a restart from the log alone and from a checkpoint.
+    let (dev2, s2) = reopen(&dev, CrashMode::DropAll);
+    check(&s2);
+    std::mem::forget(s);
+    s2.close().unwrap();
+    let (_d, s3) = reopen(&dev2, CrashMode::KeepAll);
+    assert!(s3.recovery_report().checkpoint_seq.is_some());
+    check(&s3);
+}
+
+#[test]
 fn deleted_keys_do_not_come_back_after_restart() {
     let (dev, s) = mem_store(8);
     s.put("default", "a", &block(1, 5000), &synced()).unwrap();

@@ -47,7 +47,7 @@ impl KvFs {
         Ok(match attr {
             "hash" => Some(kvhoard_engine::format::hex::encode(&m.content_hash)),
             "codec" => Some(CompressionMeta::codec_name(m.compression.codec_id)),
-            "tier" => Some(if self.store.in_dram(ns, &m.content_hash) { "dram" } else { "ssd" }.to_string()),
+            "tier" => Some(if self.store.in_dram(ns, &m) { "dram" } else { "ssd" }.to_string()),
             "ttl" => Some(m.ttl_secs.to_string()),
             "group" => m.group_id.map(|g| g.to_string()),
             "stored_size" => Some(m.stored_len.to_string()),
