@@ -30,6 +30,14 @@ pub enum StoreError {
         /// Why not.
         reason: String,
     },
+    /// The volume is damaged in a way opening it cannot settle on its own.
+    #[error("{path} is damaged: {reason}; run `kvhoard fsck --repair {path}`")]
+    Damaged {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// `create` was asked to overwrite an existing volume.
     #[error("{path} already holds a kvhoard volume; open it, or remove it first")]
     AlreadyExists {

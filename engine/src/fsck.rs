@@ -10,7 +10,7 @@ use std::path::Path;
 
 use kvhoard_format::UNIT_BYTES;
 
-use crate::check::repair::repair_structures;
+use crate::check::repair::{acknowledge_recovered, repair_structures};
 use crate::check::{check, problem, scan_volume, Report, ScanError, ScanOptions, Severity};
 use crate::checkpoint::CheckpointStore;
 use crate::device::{BlockDevice, FileDevice};
@@ -67,10 +67,21 @@ pub fn fsck(path: &Path, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Res
     let mut repairs = Vec::new();
     {
         let _lock = volume::lock(&paths)?;
-        if let Some(done) = extend_truncated(&paths)? {
-            repairs.push(done);
-        }
+        let extended = extend_truncated(&paths)?;
         let dev = open_device(&paths, opts)?;
+        if let Some(done) = extended {
+            repairs.push(done);
+            // What the cut-off segments held cannot be known: any key may have had a newer
+            // version or a deletion there, so every key becomes a miss rather than risk one
+            // coming back older (docs/format.md, "Damage").
+            let (sb, _) = crate::check::scan::read_superblocks(dev.as_ref()).map_err(scan_error(path))?;
+            let checkpoints = CheckpointStore::for_volume(&sb, paths.meta_dir.clone());
+            if let Some(segment) = crate::recovery::void_all(dev.as_ref(), &sb, &checkpoints)? {
+                repairs.push(format!(
+                    "segment {segment}: marked every key written before it lost (what the cut-off segments held is unknown)"
+                ));
+            }
+        }
         let scan = scan_volume(dev.as_ref(), ScanOptions { deep: opts.deep, summaries_only: false }, &|_, _| {})
             .map_err(scan_error(path))?;
         let checkpoints = CheckpointStore::for_volume(&scan.sb, paths.meta_dir.clone());
@@ -78,6 +89,13 @@ pub fn fsck(path: &Path, opts: &FsckOptions, progress: &dyn Fn(u64, u64)) -> Res
         repairs.extend(repair_structures(dev.as_ref(), &scan, &report, &checkpoints)?);
     }
     repairs.extend(repair_keys(path, &found, opts.deep, opts.store.clone())?);
+    {
+        let _lock = volume::lock(&paths)?;
+        let dev = open_device(&paths, opts)?;
+        let scan = scan_volume(dev.as_ref(), ScanOptions { deep: false, summaries_only: true }, &|_, _| {})
+            .map_err(scan_error(path))?;
+        repairs.extend(acknowledge_recovered(dev.as_ref(), &scan)?);
+    }
     let after = check_once(&paths, opts, &|_, _| {})?;
     let exit_code = if after.is_clean() { exit::CORRECTED } else { exit::UNCORRECTED };
     Ok(FsckOutcome { found, repairs, after: Some(after), exit_code })

@@ -40,7 +40,7 @@ impl Metrics {
                 self.puts.fetch_add(1, Ordering::Relaxed);
                 self.dedup_hits.fetch_add(1, Ordering::Relaxed);
             }
-            RecordKind::Tombstone => {}
+            RecordKind::Tombstone | RecordKind::Lost => {}
         }
     }
 

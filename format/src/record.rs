@@ -3,6 +3,12 @@
 //! A record starts on a unit boundary. Its header is followed by zero padding up to the next unit,
 //! then the payload (the stored bytes), then zero padding up to the next unit, so that the payload
 //! itself is unit-aligned and can be read by O_DIRECT straight into a caller's buffer.
+//!
+//! A header of at most [`ECHO_BYTES_MAX`] bytes is written twice in its record's first unit: at
+//! the start, and again (the echo) at the end of that unit, followed by its length and
+//! [`ECHO_TAG`] ([`write_echo`], [`echo_of`]). When damage makes the first copy unreadable, the
+//! echo still names the record's key and length, so recovery can turn that key into a miss
+//! instead of letting an older version of it come back (docs/format.md, "Damage").
 
 use crate::bytes::{check_crc, check_magic, check_version, Reader, Writer};
 use crate::desc::{BlockDesc, DESC_BYTES_MAX};
@@ -26,6 +32,11 @@ pub const CODEC_PARAMS_BYTES_MAX: usize =
 const HEADER_CRC_OFFSET: usize = 12;
 const FLAG_HAS_PARENT: u8 = 1;
 const FLAG_HAS_GROUP: u8 = 2;
+const FLAG_RECOVERED: u8 = 4;
+/// Tag after the echo's length in the last 4 bytes of a record's first unit.
+pub const ECHO_TAG: [u8; 2] = *b"KE";
+/// Longest header that is echoed: two copies and the length and tag fit in one unit.
+pub const ECHO_BYTES_MAX: usize = (UNIT_BYTES as usize - 4) / 2;
 const WHAT: &str = "record header";
 
 const _: () = assert!(FIXED_BYTES + NAMESPACE_BYTES_MAX + KEY_BYTES_MAX + DESC_BYTES_MAX + 4 < HEADER_BYTES_MAX);
@@ -41,6 +52,11 @@ pub enum RecordKind {
     Link = 2,
     /// The key was deleted.
     Tombstone = 3,
+    /// Written only into a segment summary, by recovery: a record of this segment use at this
+    /// unit could not be read, not even its key. Every key whose newest record comes before it
+    /// in the log may have been replaced or deleted by it, so replay voids them (they become
+    /// misses). No namespace, key or payload.
+    Lost = 4,
 }
 
 impl RecordKind {
@@ -49,7 +65,12 @@ impl RecordKind {
             1 => Ok(RecordKind::Block),
             2 => Ok(RecordKind::Link),
             3 => Ok(RecordKind::Tombstone),
-            _ => Err(FormatError::invalid(WHAT, "kind", format!("{v} is not 1 (block), 2 (link) or 3 (tombstone)"))),
+            4 => Ok(RecordKind::Lost),
+            _ => Err(FormatError::invalid(
+                WHAT,
+                "kind",
+                format!("{v} is not 1 (block), 2 (link), 3 (tombstone) or 4 (lost)"),
+            )),
         }
     }
 }
@@ -148,6 +169,10 @@ pub struct RecordHeader {
     pub desc: BlockDesc,
     /// How the stored bytes encode the raw bytes.
     pub compression: CompressionMeta,
+    /// Written by recovery into a segment summary in place of a record it could not trust
+    /// (damaged, or found past damage): fsck reports such entries until a repair acknowledges
+    /// them. Never set on a record in the log itself.
+    pub recovered: bool,
 }
 
 impl RecordHeader {
@@ -169,6 +194,12 @@ impl RecordHeader {
 
     /// Checks every field against its documented range.
     pub fn validate(&self) -> Result<(), FormatError> {
+        if self.kind == RecordKind::Lost {
+            if !self.namespace.is_empty() || !self.key.is_empty() || self.stored_len != 0 {
+                return Err(FormatError::invalid(WHAT, "kind", "a lost-record entry names no key and holds no bytes"));
+            }
+            return Ok(());
+        }
         validate_namespace(&self.namespace)?;
         validate_key(&self.key)?;
         self.desc.validate(self.raw_len)?;
@@ -179,7 +210,7 @@ impl RecordHeader {
                 format!("{} bytes of codec parameters", self.compression.params.len()),
             ));
         }
-        let no_payload = matches!(self.kind, RecordKind::Link | RecordKind::Tombstone);
+        let no_payload = self.kind != RecordKind::Block;
         if no_payload && self.stored_len != 0 {
             return Err(FormatError::invalid(
                 WHAT,
@@ -208,7 +239,8 @@ impl RecordHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(self.encoded_len());
         let flags = if self.parent_hash.is_some() { FLAG_HAS_PARENT } else { 0 }
-            | if self.group_id.is_some() { FLAG_HAS_GROUP } else { 0 };
+            | if self.group_id.is_some() { FLAG_HAS_GROUP } else { 0 }
+            | if self.recovered { FLAG_RECOVERED } else { 0 };
         w.bytes(&MAGIC);
         w.u16(VERSION);
         w.u8(self.kind as u8);
@@ -277,7 +309,7 @@ impl RecordHeader {
         )?;
         check_version(WHAT, u32::from(version), u32::from(VERSION))?;
         let kind = RecordKind::from_u8(kind)?;
-        if flags & !(FLAG_HAS_PARENT | FLAG_HAS_GROUP) != 0 {
+        if flags & !(FLAG_HAS_PARENT | FLAG_HAS_GROUP | FLAG_RECOVERED) != 0 {
             return Err(FormatError::invalid(WHAT, "flags", format!("unknown flags {flags:#x}")));
         }
         let segment_seq = r.u64()?;
@@ -322,10 +354,43 @@ impl RecordHeader {
             parent_hash: (flags & FLAG_HAS_PARENT != 0).then_some(parent),
             desc,
             compression: CompressionMeta { codec_id, codec_version, params },
+            recovered: flags & FLAG_RECOVERED != 0,
         };
         header.validate()?;
         Ok(header)
     }
+}
+
+/// Writes the echo of `header` (its encoded bytes) at the end of `unit0`, a record's first unit
+/// as it will be written (the header already at its start); returns whether it fitted.
+pub fn write_echo(unit0: &mut [u8], header: &[u8]) -> bool {
+    let len = header.len();
+    let end = UNIT_BYTES as usize - 4;
+    if len > ECHO_BYTES_MAX {
+        return false;
+    }
+    let Some(area) = unit0.get_mut(end - len..end + 4) else { return false };
+    let (copy, tail) = area.split_at_mut(len);
+    copy.copy_from_slice(header);
+    let mut t = (len as u16).to_le_bytes().to_vec();
+    t.extend_from_slice(&ECHO_TAG);
+    tail.copy_from_slice(&t);
+    true
+}
+
+/// The echoed header bytes in a record's first unit, if it carries an echo (decode them with
+/// [`RecordHeader::decode`], which checks their crc).
+pub fn echo_of(unit0: &[u8]) -> Option<&[u8]> {
+    let end = UNIT_BYTES as usize - 4;
+    let tail = unit0.get(end..end + 4)?;
+    if tail.get(2..4)? != ECHO_TAG {
+        return None;
+    }
+    let len = usize::from(u16::from_le_bytes([*tail.first()?, *tail.get(1)?]));
+    if len > ECHO_BYTES_MAX {
+        return None;
+    }
+    unit0.get(end - len..end)
 }
 
 fn header_crc(bytes: &[u8]) -> u32 {
@@ -391,6 +456,7 @@ mod tests {
             parent_hash: Some([0xcd; 32]),
             desc: BlockDesc { dtype: Dtype::Bf16, layout: Layout::Kv2Ltd, shape: vec![2, 4, 256, 512] },
             compression: CompressionMeta::none(),
+            recovered: false,
         }
     }
 
@@ -519,6 +585,7 @@ mod tests {
                     parent_hash,
                     desc: BlockDesc { dtype: Dtype::U8, layout: Layout::Opaque, shape: vec![raw_len] },
                     compression: CompressionMeta { codec_id: 0, codec_version: 1, params },
+                    recovered: false,
                 }
             })
     }

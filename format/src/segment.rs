@@ -32,6 +32,10 @@ pub struct SegmentHeader {
     pub seq: u64,
     /// When this use began, in milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// The machine's boot (power cycle) in which this use began; 0 = unknown (written by a
+    /// version before it was recorded). Recovery trusts that records written in the boot it
+    /// runs in were not torn by a power loss (docs/format.md, "Damage").
+    pub boot: u64,
 }
 
 impl SegmentHeader {
@@ -46,6 +50,7 @@ impl SegmentHeader {
         w.bytes(&self.volume_id);
         w.u64(self.seq);
         w.u64(self.created_unix_ms);
+        w.u64(self.boot);
         w.zeros(CRC_OFFSET - w.buf.len());
         let crc = crate::crc32c_of(&[&w.buf]);
         w.u32(crc);
@@ -63,10 +68,11 @@ impl SegmentHeader {
         let volume_id = r.array()?;
         let seq = r.u64()?;
         let created_unix_ms = r.u64()?;
+        let boot = r.u64()?;
         if seq == 0 {
             return Err(FormatError::invalid(Self::WHAT, "seq", "0 is reserved for free segments"));
         }
-        Ok(SegmentHeader { volume_id, segment_index, seq, created_unix_ms })
+        Ok(SegmentHeader { volume_id, segment_index, seq, created_unix_ms, boot })
     }
 }
 
@@ -161,7 +167,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn header() -> SegmentHeader {
-        SegmentHeader { volume_id: [3; 16], segment_index: 9, seq: 42, created_unix_ms: 5 }
+        SegmentHeader { volume_id: [3; 16], segment_index: 9, seq: 42, created_unix_ms: 5, boot: 0 }
     }
 
     fn trailer() -> SummaryTrailer {

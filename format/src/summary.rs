@@ -101,6 +101,7 @@ mod tests {
             parent_hash: None,
             desc: BlockDesc::opaque(),
             compression: CompressionMeta::none(),
+            recovered: false,
         }
     }
 

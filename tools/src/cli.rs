@@ -207,10 +207,12 @@ pub enum Command {
     /// Reads the volume through its on-disk format (so it works on a volume the engine refuses to
     /// open): both superblock copies, every segment header and summary, every record header and
     /// payload checksum, the checkpoint against the log, and which keys name damaged blocks.
-    /// --repair rewrites a damaged superblock copy, seals unsealed segments (keeping intact records
-    /// found after damage), rewrites damaged summaries, extends a truncated volume file, replaces an
-    /// unusable checkpoint, deletes (durably, and says which) keys whose blocks are damaged, and
-    /// checks again. Every undamaged block is kept.
+    /// --repair rewrites a damaged superblock copy, seals unsealed segments and rewrites damaged
+    /// summaries as opening the volume would, rebuilds damaged segment headers, extends a
+    /// truncated volume file (its keys then become misses: what the cut-off part held is
+    /// unknown), replaces an unusable checkpoint, deletes (durably, and says which) keys whose
+    /// blocks are damaged, and checks again. Damage never brings back an older version or a
+    /// deleted key; it turns keys into misses.
     ///
     /// Exit codes (as e2fsck): 0 clean; 1 problems found and all corrected; 4 problems left
     /// uncorrected (run with --repair); 8 operational error (not a volume, in use, I/O error).

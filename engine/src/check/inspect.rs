@@ -238,5 +238,6 @@ pub fn kind_name(kind: RecordKind) -> &'static str {
         RecordKind::Block => "block",
         RecordKind::Link => "link",
         RecordKind::Tombstone => "tombstone",
+        RecordKind::Lost => "lost",
     }
 }

@@ -23,7 +23,7 @@ use crate::device::BlockDevice;
 use crate::index::{key_fp, ContentFp, Index, KeyFp};
 use crate::log::Loc;
 use crate::recovery::apply;
-use scan::{HeaderState, ScannedRecord, SegmentScan, SummaryState, VolumeScan};
+use scan::{HeaderState, SegmentScan, SummaryState, VolumeScan};
 
 pub use scan::{scan_volume, ScanError, ScanOptions};
 
@@ -187,6 +187,45 @@ fn segment_problems(scan: &VolumeScan, seg: &SegmentScan, r: &mut Report) {
         }
         HeaderState::InUse { .. } => r.segments_in_use += 1,
     }
+    if let Some(why) = &seg.header_rebuilt {
+        r.problems.push(problem(
+            Severity::Warning,
+            "segment_header",
+            Some(seg.index),
+            Some(base),
+            format!("segment header is damaged ({why}); its use is known from the segment's trailer or records"),
+            "open (or repair) writes the header again; no block is lost",
+        ));
+    }
+    let marked = seg.records.iter().filter(|r| r.header.recovered).count();
+    if marked > 0 {
+        let lost = seg.records.iter().filter(|r| r.header.recovered && r.header.kind == RecordKind::Lost).count();
+        r.problems.push(problem(
+            Severity::Warning,
+            "recovered_entries",
+            Some(seg.index),
+            Some(base),
+            format!(
+                "opening the volume found {marked} records here damaged or lost and turned keys into misses{}",
+                if lost > 0 {
+                    format!(" ({lost} named no key: every key written before them became a miss)")
+                } else {
+                    String::new()
+                }
+            ),
+            "no older version or deleted key came back; repair acknowledges the entries",
+        ));
+    }
+    if let Some(settled) = seg.settled.as_ref().filter(|s| s.discarded > 0) {
+        r.problems.push(problem(
+            Severity::Warning,
+            "damaged_records",
+            Some(seg.index),
+            Some(base),
+            format!("{} records of this segment do not check out and are not a torn tail", settled.discarded),
+            "opening the volume (or repair) turns their keys into misses, never into older versions",
+        ));
+    }
     match &seg.summary {
         SummaryState::Sealed => {}
         SummaryState::Damaged(why) => r.problems.push(problem(
@@ -227,7 +266,7 @@ fn segment_problems(scan: &VolumeScan, seg: &SegmentScan, r: &mut Report) {
                 Some(seg.index),
                 Some(record_offset(scan, seg.index, rec.unit)),
                 "intact record after a damaged region of an unsealed segment".into(),
-                "recovery would stop before it; repair keeps it",
+                "nothing shows it was acknowledged: opening the volume (or repair) leaves it out",
             )));
         }
     }
@@ -303,6 +342,7 @@ pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
         Some(cp) => Index::from_checkpoint(cp, |i| covered(i).is_some()),
         None => Index::default(),
     };
+    let seq_of = |segment: u32| seqs.get(segment as usize).copied().unwrap_or(0);
     let mut order: Vec<&SegmentScan> = scan.segments.iter().filter(|s| s.seq().is_some()).collect();
     order.sort_by_key(|s| s.seq());
     let mut replayed = 0;
@@ -318,16 +358,21 @@ pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
             Some((_, end)) => end,
             None => 1,
         };
-        // A damaged record of an unsealed segment that no checkpoint covers is what a crash
-        // leaves of a write that was never synced; recovery stops before it, so the key keeps
-        // whatever it named before.
-        let torn = |r: &&ScannedRecord| seg.summary == SummaryState::Unsealed && r.damage.is_some();
-        for rec in seg.records.iter().filter(|r| r.unit >= from).filter(|r| !torn(r)) {
-            apply(
-                &mut index,
-                seg.index,
-                &kvhoard_format::summary::SummaryEntry { unit: rec.unit, header: rec.header.clone() },
-            );
+        // A segment without a usable summary is replayed as opening the volume would settle it.
+        let from_summary: Vec<kvhoard_format::summary::SummaryEntry>;
+        let entries = match &seg.settled {
+            Some(settled) => &settled.entries,
+            None => {
+                from_summary = seg
+                    .records
+                    .iter()
+                    .map(|r| kvhoard_format::summary::SummaryEntry { unit: r.unit, header: r.header.clone() })
+                    .collect();
+                &from_summary
+            }
+        };
+        for e in entries.iter().filter(|e| e.unit >= from) {
+            apply(&mut index, seg.index, e, &seq_of);
             replayed += 1;
         }
     }

@@ -13,6 +13,7 @@ use crate::buffer::AlignedBuf;
 use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
+use crate::log::scan::read_summary;
 use crate::log::seal::write_seal;
 
 /// Fixes what can be fixed without the engine. The caller holds the volume's lock.
@@ -36,51 +37,39 @@ pub fn repair_structures(
         ));
     }
     for seg in &scan.segments {
-        match (&seg.header, &seg.summary) {
-            (HeaderState::Damaged(why), _) => {
-                dev.write_at(&AlignedBuf::zeroed(UNIT_BYTES as usize), sb.segment_offset(seg.index))?;
-                done.push(format!("segment {}: header damaged ({why}); marked free, its blocks are lost", seg.index));
-            }
-            (HeaderState::InUse { seq, .. }, summary_state) => {
-                let salvaged = seg.records.iter().filter(|r| r.salvaged).count();
-                if *summary_state == SummaryState::Sealed && salvaged == 0 {
-                    continue;
-                }
-                // Damaged records of an unsealed segment are the torn writes a crash leaves
-                // (fsck reports them as torn_record): the summary leaves them out, as recovery
-                // does, so their keys keep what they named before.
-                let kept: Vec<_> = seg
-                    .records
-                    .iter()
-                    .filter(|r| *summary_state != SummaryState::Unsealed || r.damage.is_none())
-                    .collect();
-                let mut bytes = Vec::new();
-                for rec in &kept {
-                    summary::encode_entry(&mut bytes, rec.unit, &rec.header.encode());
-                }
-                let end = u64::from(seg.end_unit) * UNIT_BYTES + bytes.len() as u64;
-                if end > u64::from(sb.segment_units() - 1) * UNIT_BYTES {
-                    done.push(format!(
-                        "segment {}: its summary does not fit after unit {}; left unsealed",
-                        seg.index, seg.end_unit
-                    ));
-                    continue;
-                }
-                write_seal(dev, sb, seg.index, *seq, seg.end_unit, &bytes, kept.len() as u32)?;
-                let why = match summary_state {
-                    SummaryState::Damaged(_) => "rewrote its damaged summary",
-                    SummaryState::Unsealed => "sealed it after its last intact record",
-                    SummaryState::Sealed => "rewrote its summary",
-                };
-                done.push(format!(
-                    "segment {}: {why} ({} records{})",
-                    seg.index,
-                    kept.len(),
-                    if salvaged > 0 { format!(", {salvaged} of them found after damage") } else { String::new() }
-                ));
-            }
-            (HeaderState::Free, _) => {}
+        let (HeaderState::InUse { seq, .. }, Some(settled)) = (&seg.header, &seg.settled) else {
+            // Sealed segments keep their summaries; a header damaged beyond rebuilding is left to
+            // the engine, whose open voids what it may have held (`crate::recovery`).
+            continue;
+        };
+        // Sealed exactly as opening the volume would seal it.
+        let mut bytes = Vec::new();
+        for e in &settled.entries {
+            summary::encode_entry(&mut bytes, e.unit, &e.header.encode());
         }
+        let end = u64::from(settled.seal_unit) * UNIT_BYTES + bytes.len() as u64;
+        if end > u64::from(sb.segment_units() - 1) * UNIT_BYTES {
+            done.push(format!(
+                "segment {}: its summary does not fit after unit {}; left for the engine to seal at its next open",
+                seg.index, settled.seal_unit
+            ));
+            continue;
+        }
+        write_seal(dev, sb, seg.index, *seq, settled.seal_unit, &bytes, settled.entries.len() as u32)?;
+        let why = match &seg.summary {
+            SummaryState::Damaged(_) => "rewrote its damaged summary",
+            _ => "sealed it after its last intact record",
+        };
+        done.push(format!(
+            "segment {}: {why} ({} records{})",
+            seg.index,
+            settled.entries.len(),
+            if settled.discarded > 0 {
+                format!(", {} of them entries in place of damaged records (their keys are misses)", settled.discarded)
+            } else {
+                String::new()
+            }
+        ));
     }
     let checkpoint_bad =
         report.problems.iter().any(|p| p.kind.starts_with("checkpoint_") && p.kind != "checkpoint_differs");
@@ -89,5 +78,38 @@ pub fn repair_structures(
         done.push("removed the unusable checkpoint; the index is rebuilt from the log".into());
     }
     dev.sync()?;
+    Ok(done)
+}
+
+/// Clears the `recovered` mark of the entries recovery wrote into summaries in place of
+/// records it could not trust: fsck reported them (the keys they name are misses), and once
+/// repaired the volume checks clean. The entries themselves stay: they keep those keys misses.
+pub fn acknowledge_recovered(dev: &dyn BlockDevice, scan: &VolumeScan) -> Result<Vec<String>> {
+    let sb = &scan.sb;
+    let mut done = Vec::new();
+    for seg in &scan.segments {
+        let HeaderState::InUse { seq, .. } = seg.header else { continue };
+        if seg.summary != SummaryState::Sealed {
+            continue;
+        }
+        let Ok((mut entries, end_unit)) = read_summary(dev, sb, seg.index, seq)? else { continue };
+        let marked = entries.iter().filter(|e| e.header.recovered).count();
+        if marked == 0 {
+            continue;
+        }
+        let mut bytes = Vec::new();
+        for e in &mut entries {
+            e.header.recovered = false;
+            summary::encode_entry(&mut bytes, e.unit, &e.header.encode());
+        }
+        write_seal(dev, sb, seg.index, seq, end_unit, &bytes, entries.len() as u32)?;
+        done.push(format!(
+            "segment {}: acknowledged {marked} entries recovery wrote in place of damaged or lost records",
+            seg.index
+        ));
+    }
+    if !done.is_empty() {
+        dev.sync()?;
+    }
     Ok(done)
 }

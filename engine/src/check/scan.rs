@@ -5,13 +5,14 @@
 //! payload of sealed segments instead of trusting their summaries.
 
 use kvhoard_format::record::{CompressionMeta, RecordHeader, RecordKind};
-use kvhoard_format::segment::SegmentHeader;
 use kvhoard_format::superblock::{self, Superblock};
-use kvhoard_format::{FormatError, UNIT_BYTES};
+use kvhoard_format::UNIT_BYTES;
 
 use crate::buffer::AlignedBuf;
 use crate::device::{BlockDevice, DeviceError};
 use crate::log::scan::{check_payload, read_record_at, read_summary};
+use crate::recovery::headers::{read_header, HeaderRead};
+use crate::recovery::settle::settle;
 
 /// The state of a segment's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +73,12 @@ pub struct SegmentScan {
     /// For an unsealed segment: where its valid log ends and why, when a record of this use
     /// (torn or damaged) lies past that point. `None` for a clean end, as a clean close leaves.
     pub torn_tail: Option<(u32, String)>,
+    /// The header was damaged and the engine rebuilds it from the segment's records (why).
+    pub header_rebuilt: Option<String>,
+    /// For a segment without a usable summary: what opening the volume applies and seals it
+    /// with (recovery's own reading of it, entries written in place of damaged records
+    /// included).
+    pub(crate) settled: Option<crate::recovery::settle::Settled>,
 }
 
 impl SegmentScan {
@@ -182,27 +189,27 @@ fn scan_segment(
         records: Vec::new(),
         end_unit: 1,
         torn_tail: None,
+        header_rebuilt: None,
+        settled: None,
     };
     if sb.segment_offset(index) + sb.segment_size_bytes > dev.capacity_bytes() {
         seg.header =
             HeaderState::Damaged("the segment lies past the end of the device (the volume file was truncated)".into());
         return Ok((seg, 0));
     }
-    let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
-    dev.read_at(&mut unit, sb.segment_offset(index))?;
-    let seq = match SegmentHeader::decode(&unit) {
-        Ok(h) if h.volume_id == sb.volume_id && h.segment_index == index => {
+    let (seq, boot) = match read_header(dev, sb, index)? {
+        HeaderRead::Free => return Ok((seg, UNIT_BYTES)),
+        HeaderRead::InUse(h) => {
             seg.header = HeaderState::InUse { seq: h.seq, created_unix_ms: h.created_unix_ms };
-            h.seq
+            (h.seq, h.boot)
         }
-        Ok(h) if h.volume_id == sb.volume_id => {
-            seg.header =
-                HeaderState::Damaged(format!("the header names segment {} instead of {index}", h.segment_index));
-            return Ok((seg, UNIT_BYTES));
+        HeaderRead::Rebuilt(h, why) => {
+            seg.header = HeaderState::InUse { seq: h.seq, created_unix_ms: h.created_unix_ms };
+            seg.header_rebuilt = Some(why);
+            (h.seq, h.boot)
         }
-        Ok(_) | Err(FormatError::BadMagic { .. }) => return Ok((seg, UNIT_BYTES)),
-        Err(e) => {
-            seg.header = HeaderState::Damaged(e.to_string());
+        HeaderRead::Unknown(why) => {
+            seg.header = HeaderState::Damaged(why);
             return Ok((seg, UNIT_BYTES));
         }
     };
@@ -215,6 +222,18 @@ fn scan_segment(
             for e in entries {
                 let units = (e.header.record_bytes() / UNIT_BYTES) as u32;
                 if opts.summaries_only {
+                    seg.records.push(ScannedRecord {
+                        unit: e.unit,
+                        units,
+                        header: e.header,
+                        damage: None,
+                        salvaged: false,
+                    });
+                    continue;
+                }
+                if e.header.recovered || e.header.kind == RecordKind::Lost {
+                    // Written by recovery in place of a record it could not trust: the bytes
+                    // on disk there are that record, not this entry.
                     seg.records.push(ScannedRecord {
                         unit: e.unit,
                         units,
@@ -241,6 +260,7 @@ fn scan_segment(
                 seg.summary = SummaryState::Damaged(why);
             }
             bytes += scan_unsealed(dev, sb, &mut seg, seq, opts)?;
+            seg.settled = Some(settle(dev, sb, index, seq, boot != 0 && boot == dev.boot())?);
         }
     }
     Ok((seg, bytes))

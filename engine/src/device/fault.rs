@@ -94,6 +94,10 @@ impl BlockDevice for FaultDevice {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    fn boot(&self) -> u64 {
+        self.inner.boot()
+    }
 }
 
 #[cfg(test)]

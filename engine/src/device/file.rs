@@ -15,6 +15,8 @@ pub struct FileDevice {
     file: File,
     capacity: u64,
     direct_io: bool,
+    /// The machine's boot when the device was opened.
+    boot: u64,
 }
 
 impl FileDevice {
@@ -35,7 +37,7 @@ impl FileDevice {
             (open(0)?, false)
         };
         let capacity = device_size(&file)?;
-        Ok(FileDevice { file, capacity, direct_io })
+        Ok(FileDevice { file, capacity, direct_io, boot: super::host_boot() })
     }
 }
 
@@ -53,6 +55,10 @@ pub(crate) fn device_size(file: &File) -> std::io::Result<u64> {
 }
 
 impl BlockDevice for FileDevice {
+    fn boot(&self) -> u64 {
+        self.boot
+    }
+
     fn capacity_bytes(&self) -> u64 {
         self.capacity
     }

@@ -37,6 +37,9 @@ pub struct MemDevice {
     state: Mutex<State>,
     faults: Faults,
     capacity: u64,
+    /// The simulated machine's boot: a power loss ([`CrashMode::DropAll`], [`CrashMode::Random`])
+    /// starts a new one, a process crash ([`CrashMode::KeepAll`]) does not.
+    boot: u64,
 }
 
 const SECTOR_BYTES: u64 = 512;
@@ -54,6 +57,7 @@ impl MemDevice {
             state: Mutex::new(State { written: image.clone(), durable: image, ..State::default() }),
             faults: Faults::default(),
             capacity,
+            boot: 1,
         }
     }
 
@@ -91,7 +95,9 @@ impl MemDevice {
                 dst.copy_from_slice(src);
             }
         }
-        MemDevice::from_image(image)
+        let mut crashed = MemDevice::from_image(image);
+        crashed.boot = if mode == CrashMode::KeepAll { self.boot } else { self.boot + 1 };
+        crashed
     }
 
     /// The bytes reads currently see.
@@ -111,6 +117,10 @@ fn xorshift(x: &mut u64) -> u64 {
 }
 
 impl BlockDevice for MemDevice {
+    fn boot(&self) -> u64 {
+        self.boot
+    }
+
     fn capacity_bytes(&self) -> u64 {
         self.capacity
     }

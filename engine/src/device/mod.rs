@@ -93,6 +93,26 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn sync(&self) -> Result<(), DeviceError>;
     /// What the device can do.
     fn capabilities(&self) -> Capabilities;
+    /// Which power cycle of the machine this device is seen in (0: unknown). Writes that
+    /// completed survive a crash of the process: only a power loss or a crash of the system,
+    /// which changes this, can drop or tear writes made since the last sync. Recovery uses it to
+    /// tell a torn write from damage ([`crate::recovery`]).
+    fn boot(&self) -> u64 {
+        0
+    }
+}
+
+/// This machine's current boot, from the kernel's boot id (0 if it cannot be read).
+pub(crate) fn host_boot() -> u64 {
+    match std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        Ok(id) => {
+            let hash = blake3::hash(id.trim().as_bytes());
+            let mut b = [0u8; 8];
+            b.copy_from_slice(hash.as_bytes().split_at(8).0);
+            u64::from_le_bytes(b).max(1)
+        }
+        Err(_) => 0,
+    }
 }
 
 /// Which I/O backend a store uses for its volume.

@@ -42,6 +42,8 @@ pub struct UringDevice {
     file: File,
     capacity: u64,
     direct_io: bool,
+    /// The machine's boot when the device was opened.
+    boot: u64,
     rings: Vec<Mutex<IoUring>>,
     next: AtomicUsize,
     config: UringConfig,
@@ -82,7 +84,15 @@ impl UringDevice {
             ring.submitter().register_files(&[file.as_raw_fd()])?;
             rings.push(Mutex::new(ring));
         }
-        Ok(UringDevice { file, capacity, direct_io, rings, next: AtomicUsize::new(0), config })
+        Ok(UringDevice {
+            file,
+            capacity,
+            direct_io,
+            boot: super::host_boot(),
+            rings,
+            next: AtomicUsize::new(0),
+            config,
+        })
     }
 
     /// Runs one request: the ranges `parts` (memory, length, device offset), split into chunks
@@ -182,6 +192,10 @@ impl UringDevice {
 }
 
 impl BlockDevice for UringDevice {
+    fn boot(&self) -> u64 {
+        self.boot
+    }
+
     fn capacity_bytes(&self) -> u64 {
         self.capacity
     }

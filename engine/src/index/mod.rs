@@ -210,6 +210,13 @@ impl Index {
         }
     }
 
+    /// Removes every key `void` picks (recovery voiding keys a lost record may have replaced);
+    /// returns how many.
+    pub fn void_keys(&mut self, void: impl Fn(&KeyEntry) -> bool) -> u64 {
+        let doomed: Vec<KeyFp> = self.keys.iter().filter(|k| void(k)).map(|k| k.fp).collect();
+        doomed.iter().filter(|fp| self.remove_key(fp)).count() as u64
+    }
+
     /// Removes every block stored in `segment` and every key whose record is there or whose
     /// block was there.
     pub fn drop_segment(&mut self, segment: u32) -> Dropped {

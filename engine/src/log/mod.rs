@@ -13,6 +13,7 @@
 
 mod commit;
 mod open_seg;
+pub(crate) mod probe;
 pub(crate) mod scan;
 pub(crate) mod seal;
 mod writer;

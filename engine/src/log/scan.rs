@@ -2,7 +2,7 @@
 //! listing (from its summary when sealed, by scanning when not).
 
 use kvhoard_format::record::{RecordHeader, RecordKind};
-use kvhoard_format::segment::{SegmentHeader, SummaryTrailer};
+use kvhoard_format::segment::SummaryTrailer;
 use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::superblock::Superblock;
 use kvhoard_format::{FormatError, UNIT_BYTES};
@@ -10,51 +10,18 @@ use kvhoard_format::{FormatError, UNIT_BYTES};
 use crate::buffer::AlignedBuf;
 use crate::device::{BlockDevice, DeviceError};
 
-/// A segment's records as read back.
-#[derive(Debug)]
-pub struct SegmentRecords {
-    /// Records at or after the requested unit, in log order.
-    pub entries: Vec<SummaryEntry>,
-    /// First unit after the last valid record.
-    pub end_unit: u32,
-    /// Whether they came from a valid summary.
-    pub sealed: bool,
-    /// Why a scan stopped before the end of the segment, if it did.
-    pub stop: Option<String>,
-}
-
-/// Reads the header of segment `index`; `None` if it is free or not of this volume.
-pub fn read_segment_header(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    index: u32,
-) -> Result<Option<SegmentHeader>, DeviceError> {
-    let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
-    dev.read_at(&mut unit, sb.segment_offset(index))?;
-    Ok(match SegmentHeader::decode(&unit) {
-        Ok(h) if h.volume_id == sb.volume_id && h.segment_index == index => Some(h),
-        Ok(_) => None,
-        Err(FormatError::BadMagic { .. }) => None,
-        Err(e) => {
-            tracing::error!(segment = index, error = %e, "segment header is damaged; treating the segment as free");
-            None
-        }
-    })
-}
-
-/// The records of segment `index` (use `seq`) from unit `from_unit` on.
+/// The records of segment `index` (use `seq`) from unit `from_unit` on: from its summary, or
+/// by scanning it up to the first record that does not check out (for a listing; recovery
+/// settles such a segment with more care, `crate::recovery::settle`).
 pub fn read_segment(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     index: u32,
     seq: u64,
     from_unit: u32,
-) -> Result<SegmentRecords, DeviceError> {
+) -> Result<Vec<SummaryEntry>, DeviceError> {
     match read_summary(dev, sb, index, seq)? {
-        Ok((entries, end_unit)) => {
-            let entries = entries.into_iter().filter(|e| e.unit >= from_unit).collect();
-            Ok(SegmentRecords { entries, end_unit, sealed: true, stop: None })
-        }
+        Ok((entries, _)) => Ok(entries.into_iter().filter(|e| e.unit >= from_unit).collect()),
         Err(why) => {
             if let Some(why) = why {
                 tracing::warn!(segment = index, reason = %why, "segment summary unusable; scanning the segment");
@@ -98,31 +65,27 @@ pub(crate) fn read_summary(
 }
 
 /// Walks records from `unit` until one does not decode, belongs to another use of the segment,
-/// or fails its payload checksum: that is where the segment's valid log ends (a torn tail).
+/// or fails its payload checksum.
 fn scan(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     index: u32,
     seq: u64,
     mut unit: u32,
-) -> Result<SegmentRecords, DeviceError> {
+) -> Result<Vec<SummaryEntry>, DeviceError> {
     let units = sb.segment_units();
     let base = sb.segment_offset(index);
     let mut entries = Vec::new();
-    let stop = loop {
-        if unit >= units - 1 {
-            break None;
-        }
-        match read_record_at(dev, base, unit, units - 1 - unit, Some(seq)) {
-            Ok(Ok((header, record_units, _))) => {
+    while unit < units - 1 {
+        match read_record_at(dev, base, unit, units - 1 - unit, Some(seq))? {
+            Ok((header, record_units, _)) => {
                 entries.push(SummaryEntry { unit, header });
                 unit += record_units;
             }
-            Ok(Err(why)) => break Some(why),
-            Err(e) => return Err(e),
+            Err(_) => break,
         }
-    };
-    Ok(SegmentRecords { entries, end_unit: unit, sealed: false, stop })
+    }
+    Ok(entries)
 }
 
 /// Reads and checks the record at `unit` of the segment at `base`, which may take at most

@@ -301,7 +301,13 @@ impl Log {
     pub(crate) fn start_segment(&self, state: &mut LogState, index: u32) -> Result<()> {
         let seq = state.next_seq;
         let now = self.clock.now_unix_ms();
-        let header = SegmentHeader { volume_id: self.sb.volume_id, segment_index: index, seq, created_unix_ms: now };
+        let header = SegmentHeader {
+            volume_id: self.sb.volume_id,
+            segment_index: index,
+            seq,
+            created_unix_ms: now,
+            boot: self.dev.boot(),
+        };
         let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
         unit.copy_from_slice(&header.encode());
         // The first use of a run is synced before any record goes into it. Recovery skips a gap of

@@ -177,6 +177,8 @@ impl Parts {
         if let Some(dst) = buf.get_mut(..encoded.len()) {
             dst.copy_from_slice(&encoded);
         }
+        // A second copy at the end of the first unit names the record if the first is damaged.
+        kvhoard_format::record::write_echo(&mut buf, &encoded);
         // Readers find the record through the index, so the bytes must be findable (pending)
         // before the index points at them.
         let buf = Arc::new(buf);
@@ -250,6 +252,8 @@ impl Parts {
                     }
                 }
             }
+            // Only recovery writes these, into summaries; a put never appends one.
+            RecordKind::Lost => {}
         }
         Ok(())
     }

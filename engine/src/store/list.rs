@@ -99,7 +99,7 @@ impl Store {
                 (Some((open_seq, bytes, count)), true) if *open_seq == seq => {
                     summary::decode(bytes, *count, crc32c::crc32c(bytes)).unwrap_or_default()
                 }
-                _ => read_segment(parts.log.dev.as_ref(), &parts.log.sb, index, seq, 1)?.entries,
+                _ => read_segment(parts.log.dev.as_ref(), &parts.log.sb, index, seq, 1)?,
             };
             for e in entries {
                 let pos = Pos { seq, unit: e.unit };

@@ -134,12 +134,12 @@ impl Store {
             e => StoreError::NotAVolume { path: path.to_path_buf(), reason: e.to_string() },
         })?;
         if sb.capacity_bytes > dev.capacity_bytes() {
-            return Err(StoreError::NotAVolume {
+            return Err(StoreError::Damaged {
                 path: path.to_path_buf(),
                 reason: format!(
-                    "the superblock says {} bytes but the device has {}: the volume file was truncated",
-                    sb.capacity_bytes,
-                    dev.capacity_bytes()
+                    "the volume file was cut short ({} bytes of {}): the segments past its end are lost",
+                    dev.capacity_bytes(),
+                    sb.capacity_bytes
                 ),
             });
         }

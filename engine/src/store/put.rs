@@ -159,6 +159,7 @@ impl Store {
             parent_hash: meta.parent_hash,
             desc: meta.desc,
             compression: meta.compression,
+            recovered: false,
         };
         link.validate()?;
         let content = header_fp(&link);
@@ -210,6 +211,7 @@ impl Store {
             parent_hash: opts.parent,
             desc: opts.desc.clone().unwrap_or_else(BlockDesc::opaque),
             compression,
+            recovered: false,
         };
         header.validate()?;
         let segment_units = self.parts.log.sb.segment_units();
@@ -238,6 +240,7 @@ fn tombstone(namespace: &str, key: &str, now: u64) -> RecordHeader {
         parent_hash: None,
         desc: BlockDesc::opaque(),
         compression: CompressionMeta::none(),
+        recovered: false,
     }
 }
 

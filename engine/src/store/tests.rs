@@ -539,7 +539,15 @@ fn reused_buffers_never_write_stale_bytes_into_record_padding() {
     let image = dev.image();
     let header = kvhoard_format::record::RecordHeader::decode(&image[start..]).unwrap();
     let payload = start + header.payload_offset() as usize;
-    assert!(image[start + header.encoded_len()..payload].iter().all(|&b| b == 0), "header padding holds stale bytes");
+    // Between the header and its echo at the end of the first unit: zeros.
+    let echo = kvhoard_format::record::echo_of(&image[start..start + 4096]).expect("the header is echoed");
+    assert_eq!(echo, &image[start..start + header.encoded_len()], "the echo is the header");
+    let echo_start = start + 4096 - 4 - header.encoded_len();
+    assert!(
+        image[start + header.encoded_len()..echo_start].iter().all(|&b| b == 0),
+        "header padding holds stale bytes"
+    );
+    assert!(image[start + 4096..payload].iter().all(|&b| b == 0), "header padding holds stale bytes");
     assert_eq!(&image[payload..payload + 100], &[7u8; 100][..]);
     assert!(
         image[payload + 100..start + header.record_bytes() as usize].iter().all(|&b| b == 0),

@@ -1,11 +1,14 @@
 //! Opening a volume: the newest valid checkpoint, then the segments written after it, from
-//! their summaries or, for a segment that was never sealed, by scanning it and cutting its torn
-//! tail. Every segment found unsealed is sealed here, so nothing is ever appended after a cut.
+//! their summaries or, for a segment that was never sealed, by scanning it ([`settle`]: a torn
+//! tail is cut; damage turns keys into misses, never into older versions). Every segment found
+//! unsealed is sealed here, so nothing is ever appended after a cut; damaged segment headers
+//! are rebuilt ([`headers`]).
 
 use std::time::Instant;
 
 use kvhoard_format::checkpoint::{Checkpoint, SegmentState};
 use kvhoard_format::record::RecordKind;
+use kvhoard_format::segment::SegmentHeader;
 use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::superblock::Superblock;
 use kvhoard_format::UNIT_BYTES;
@@ -15,9 +18,16 @@ use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::index::{header_fp, key_fp, ContentEntry, Index};
-use crate::log::scan::{read_segment, read_segment_header};
+use crate::log::probe::look_past;
+use crate::log::scan::read_summary;
 use crate::log::seal::write_seal;
-use crate::log::{Loc, OpenSeg, SegInfo, SegState};
+use crate::log::{Loc, OpenSeg, Pos, SegInfo, SegState};
+
+pub(crate) mod headers;
+pub(crate) mod settle;
+
+use headers::{read_header, HeaderRead};
+use settle::settle;
 
 /// What opening the volume found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -32,6 +42,11 @@ pub struct RecoveryReport {
     pub tails_cut: Vec<(u32, String)>,
     /// Segments whose header was left from a use freed before the checkpoint.
     pub stale_segments_freed: u32,
+    /// Segment headers found damaged and rebuilt from their segment's records.
+    pub headers_rebuilt: u32,
+    /// Records recovery could not trust (damaged, or found past damage), replaced in their
+    /// segment's summary by a tombstone of their key or a `Lost` entry (fsck reports them).
+    pub records_discarded: u64,
     /// Time taken, in milliseconds.
     pub elapsed_ms: u64,
 }
@@ -77,10 +92,22 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     });
     report.checkpoint_seq = cp.as_ref().map(|c| c.checkpoint_seq);
     let mut segments = vec![SegInfo::FREE; count];
+    // The boot each segment's use began in (0: unknown).
+    let mut boots = vec![0u64; count];
+    let mut unknown = Vec::new();
     let mut max_seq = 0;
     let mut wrote = false;
     for index in 0..sb.segment_count {
-        let Some(h) = read_segment_header(dev, sb, index)? else { continue };
+        let (h, rebuilt) = match read_header(dev, sb, index)? {
+            HeaderRead::Free => continue,
+            HeaderRead::InUse(h) => (h, None),
+            HeaderRead::Rebuilt(h, why) => (h, Some(why)),
+            HeaderRead::Unknown(why) => {
+                tracing::error!(segment = index, reason = %why, "segment header is damaged and nothing tells which use the segment held");
+                unknown.push(index);
+                continue;
+            }
+        };
         let known = cp.as_ref().and_then(|c| c.segments.get(index as usize));
         if let (Some(c), Some(k)) = (&cp, known) {
             if h.seq < c.next_segment_seq && k.seq != h.seq {
@@ -96,12 +123,41 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
                 continue;
             }
         }
+        if let Some(why) = rebuilt {
+            tracing::error!(segment = index, seq = h.seq, reason = %why, "segment header is damaged; rebuilt it from the segment's records");
+            write_header(dev, sb, &h)?;
+            report.headers_rebuilt += 1;
+            wrote = true;
+        }
         max_seq = max_seq.max(h.seq);
-        if let Some(s) = segments.get_mut(index as usize) {
+        if let (Some(s), Some(b)) = (segments.get_mut(index as usize), boots.get_mut(index as usize)) {
             *s = SegInfo { state: SegState::Open, seq: h.seq, created_unix_ms: h.created_unix_ms };
+            *b = h.boot;
+        }
+    }
+    // A segment use whose header never became durable leaves no trace here, yet some of its
+    // records may have: were that segment's next use given the same seq, a scan would take
+    // them for its own and bring back writes this recovery has already dropped. Every use begun
+    // since the last sync is such a candidate, and there are at most `segment_count` of them
+    // (each takes a segment that was free at that sync: reclaiming another one syncs), so the
+    // seqs after the highest one known are skipped.
+    let mut next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1) + u64::from(sb.segment_count) + 1;
+    // A damaged segment of unknown use may have held the newest version or the deletion of any
+    // key: each becomes a use after every other, holding only a `Lost` entry, which voids every
+    // key written before it.
+    for index in unknown {
+        let seq = next_seq;
+        next_seq += 1;
+        void_segment(dev, sb, index, seq)?;
+        report.records_discarded += 1;
+        wrote = true;
+        if let (Some(s), Some(b)) = (segments.get_mut(index as usize), boots.get_mut(index as usize)) {
+            *s = SegInfo { state: SegState::Sealed { end_unit: 1 }, seq, created_unix_ms: 0 };
+            *b = dev.boot();
         }
     }
     let seqs: Vec<u64> = segments.iter().map(|s| s.seq).collect();
+    let seq_of = |segment: u32| seqs.get(segment as usize).copied().unwrap_or(0);
     let covered = |i: u32| -> Option<(bool, u32)> {
         let c = cp.as_ref()?.segments.get(i as usize)?;
         let now = *seqs.get(i as usize)?;
@@ -116,7 +172,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
     order.sort_by_key(|&i| segments.get(i as usize).map_or(0, |s| s.seq));
     for i in order {
-        let seq = segments.get(i as usize).map_or(0, |s| s.seq);
+        let seq = seq_of(i);
         let from_unit = match covered(i) {
             // Sealed when the checkpoint was written and still sealed at the same end. A segment
             // resumed for appends after the checkpoint has lost its trailer, or has been sealed
@@ -128,31 +184,44 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
             Some((_, end_unit)) => end_unit,
             None => 1,
         };
-        let recs = read_segment(dev, sb, i, seq, 1)?;
         report.segments_replayed += 1;
-        for e in recs.entries.iter().filter(|e| e.unit >= from_unit) {
-            apply(&mut index, i, e);
-            report.records_replayed += 1;
-        }
-        if recs.sealed {
-            set_sealed(&mut segments, i, recs.end_unit);
-        } else {
-            unsealed.push((i, seq, recs));
+        match read_summary(dev, sb, i, seq)? {
+            Ok((entries, end_unit)) => {
+                for e in entries.iter().filter(|e| e.unit >= from_unit) {
+                    apply(&mut index, i, e, &seq_of);
+                    report.records_replayed += 1;
+                }
+                set_sealed(&mut segments, i, end_unit);
+            }
+            Err(why) => {
+                if let Some(why) = why {
+                    tracing::warn!(segment = i, reason = %why, "segment summary unusable; scanning the segment");
+                }
+                let boot = boots.get(i as usize).copied().unwrap_or(0);
+                let settled = settle(dev, sb, i, seq, boot != 0 && boot == dev.boot())?;
+                for e in settled.entries.iter().filter(|e| e.unit >= from_unit) {
+                    apply(&mut index, i, e, &seq_of);
+                    report.records_replayed += 1;
+                }
+                unsealed.push((i, seq, settled));
+            }
         }
     }
     // The newest unsealed segment is appended to again if nothing of its use lies past its
-    // valid end; every other one is sealed after its last valid record, so that nothing is ever
-    // appended in front of stale records of the same use.
+    // valid end; every other one is sealed after its last valid record (after the last evidence
+    // of damage, when there is some), so that nothing is ever appended in front of stale records
+    // of the same use.
     let newest = unsealed.iter().map(|(_, seq, _)| *seq).max();
     let mut open = None;
-    for (i, seq, recs) in unsealed {
-        // Every recovered record was reserved with room for its summary entry, so the summary
-        // still fits whatever is appended next.
-        let reusable = Some(seq) == newest && nothing_after(dev, sb, i, seq, recs.end_unit)?;
-        if reusable {
+    for (i, seq, settled) in unsealed {
+        report.records_discarded += settled.discarded;
+        // Every recovered record was reserved with room for its summary entry (an entry written
+        // in place of a damaged record is never longer), so the summary still fits whatever is
+        // appended next.
+        if Some(seq) == newest && settled.clean_end {
             let mut seg = OpenSeg::new(i, seq);
-            seg.tail = recs.end_unit;
-            for e in &recs.entries {
+            seg.tail = settled.chain_end;
+            for e in &settled.entries {
                 summary::encode_entry(&mut seg.summary, e.unit, &e.header.encode());
                 seg.records += 1;
             }
@@ -162,28 +231,63 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
             open = Some(seg);
             continue;
         }
-        let why = recs.stop.clone().unwrap_or_else(|| "segment full".into());
-        tracing::warn!(segment = i, end_unit = recs.end_unit, reason = %why, "segment was not sealed; sealing it after its last valid record");
-        seal_recovered(dev, sb, i, seq, recs.end_unit, &recs.entries)?;
+        let why = settled.stop.clone().unwrap_or_else(|| "segment full".into());
+        tracing::warn!(segment = i, end_unit = settled.chain_end, reason = %why, "segment was not sealed; sealing it after its last valid record");
+        seal_recovered(dev, sb, i, seq, settled.seal_unit, &settled.entries)?;
         report.tails_cut.push((i, why));
         wrote = true;
-        set_sealed(&mut segments, i, recs.end_unit);
+        set_sealed(&mut segments, i, settled.seal_unit);
     }
     if wrote {
         dev.sync()?;
     }
     let resumable = if open.is_none() { resumable(dev, sb, &segments)? } else { None };
-    // A segment use whose header never became durable leaves no trace here, yet some of its
-    // records may have: were that segment's next use given the same seq, a scan would take
-    // them for its own and bring back writes this recovery has already dropped. Every use begun
-    // since the last sync is such a candidate, and there are at most `segment_count` of them
-    // (each takes a segment that was free at that sync: reclaiming another one syncs), so the
-    // seqs after the highest one known are skipped.
-    let next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1) + u64::from(sb.segment_count) + 1;
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     let next_checkpoint_seq = cp.as_ref().map_or(1, |c: &Checkpoint| c.checkpoint_seq + 1);
     let checkpoint_covers = cp.map(|c| c.segments).unwrap_or_default();
     Ok(Recovered { index, segments, open, resumable, next_seq, next_checkpoint_seq, checkpoint_covers, report })
+}
+
+/// Voids every key of the volume, for one whose lost parts could have held anything (a volume
+/// file cut short: the segments past its end may have held the newest version or the deletion
+/// of any key): a free segment becomes a use after every other, holding only a `Lost` entry.
+/// Returns the segment used, or `None` if none is free.
+pub(crate) fn void_all(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &CheckpointStore) -> Result<Option<u32>> {
+    let mut max_seq = checkpoints.load(dev, sb.volume_id).map_or(0, |c| c.next_segment_seq);
+    let mut free = None;
+    for i in 0..sb.segment_count {
+        match read_header(dev, sb, i)? {
+            HeaderRead::Free => {
+                free.get_or_insert(i);
+            }
+            HeaderRead::InUse(h) | HeaderRead::Rebuilt(h, _) => max_seq = max_seq.max(h.seq),
+            HeaderRead::Unknown(_) => {}
+        }
+    }
+    let Some(index) = free else { return Ok(None) };
+    // As recovery's next seq: past every use a crash may have lost without a trace.
+    let seq = max_seq + 1 + u64::from(sb.segment_count) + 1;
+    void_segment(dev, sb, index, seq)?;
+    dev.sync()?;
+    Ok(Some(index))
+}
+
+/// Writes a segment header (a rebuilt one, or a void segment's).
+fn write_header(dev: &dyn BlockDevice, sb: &Superblock, h: &SegmentHeader) -> Result<()> {
+    let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    unit.copy_from_slice(&h.encode());
+    dev.write_at(&unit, sb.segment_offset(h.segment_index))?;
+    Ok(())
+}
+
+/// Makes segment `index` a sealed use `seq` holding one `Lost` entry: every key whose newest
+/// record comes before it is void. Not synced: the caller syncs.
+pub(crate) fn void_segment(dev: &dyn BlockDevice, sb: &Superblock, index: u32, seq: u64) -> Result<()> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let h =
+        SegmentHeader { volume_id: sb.volume_id, segment_index: index, seq, created_unix_ms: now, boot: dev.boot() };
+    write_header(dev, sb, &h)?;
+    seal_recovered(dev, sb, index, seq, 1, &[SummaryEntry { unit: 1, header: settle::lost(seq) }])
 }
 
 /// Where the records of a sealed segment end, per its trailer; `None` if it is not sealed.
@@ -219,33 +323,11 @@ fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo]) -> Re
     Ok(nothing_after(dev, sb, i, info.seq, after_summary)?.then_some(seg))
 }
 
-/// Whether no unit from `end_unit` to the segment's end starts a record header of use `seq`
-/// (even a damaged one): only then may appends start at `end_unit`.
+/// Whether nothing of use `seq` (no record, not even a damaged header) lies from `end_unit` to
+/// the segment's end: only then may appends start at `end_unit`.
 fn nothing_after(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64, end_unit: u32) -> Result<bool> {
-    const CHUNK_UNITS: u32 = 256;
-    let base = sb.segment_offset(i);
     let last = sb.segment_units() - 1;
-    let mut unit = end_unit;
-    while unit < last {
-        let n = CHUNK_UNITS.min(last - unit);
-        let mut buf = AlignedBuf::zeroed(n as usize * UNIT_BYTES as usize);
-        dev.read_at(&mut buf, base + u64::from(unit) * UNIT_BYTES)?;
-        for chunk in buf.chunks(UNIT_BYTES as usize) {
-            if record_of_use(chunk, seq) {
-                return Ok(false);
-            }
-        }
-        unit += n;
-    }
-    Ok(true)
-}
-
-/// Whether a unit starts with a record header that names segment use `seq`, judged by magic and
-/// the seq field alone: a header too damaged to decode still counts.
-fn record_of_use(unit: &[u8], seq: u64) -> bool {
-    let magic = unit.get(..4) == Some(&kvhoard_format::record::MAGIC[..]);
-    let field = unit.get(16..24).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-    magic && field == Some(seq)
+    Ok(look_past(dev, sb.segment_offset(i), end_unit, last, seq)?.is_empty())
 }
 
 fn set_sealed(segments: &mut [SegInfo], i: u32, end_unit: u32) {
@@ -270,9 +352,16 @@ fn seal_recovered(
     Ok(())
 }
 
-/// Applies one record to the index, as the store did when it wrote it.
-pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry) {
+/// Applies one record to the index, as the store did when it wrote it. `seq_of` gives the seq of
+/// each segment's current use (a `Lost` entry voids keys by log position).
+pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &dyn Fn(u32) -> u64) {
     let h = &e.header;
+    if h.kind == RecordKind::Lost {
+        let at = Pos { seq: h.segment_seq, unit: e.unit };
+        let voided = index.void_keys(|k| Pos { seq: seq_of(k.record.segment), unit: k.record.unit } < at);
+        tracing::warn!(segment, unit = e.unit, voided, "a lost record voids every key written before it");
+        return;
+    }
     let Some(ns) = index.ns_id_or_insert(&h.namespace) else {
         tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
         return;
@@ -292,6 +381,7 @@ pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry) {
         RecordKind::Tombstone => {
             index.remove_key(&key);
         }
+        RecordKind::Lost => {}
     }
 }
 

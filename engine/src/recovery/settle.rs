@@ -1,0 +1,180 @@
+//! What recovery makes of a segment without a usable summary: its records up to where they stop
+//! checking out, and what must be done about what lies beyond.
+//!
+//! The rule (docs/format.md, "Damage"): damage may turn keys into misses, never into an older
+//! version or a deleted key brought back. A record that does not check out may have been the
+//! newest version or the deletion of its key; if recovery simply stopped there, the key would
+//! fall back to whatever came before.
+//!
+//! How much recovery may trust depends on how the writer stopped. Writes complete whole, and a
+//! record is acknowledged only after every record before it was written, so after a crash of
+//! the process (the machine's boot unchanged since the segment began, [`crate::device::BlockDevice::boot`])
+//! every record of the segment up to the last one written is whole: a record that does not
+//! check out there is damage. After a power loss, writes since the last sync may be torn or
+//! missing, the durability contract lets keys fall back to what was synced, and a record that
+//! does not check out is taken for the torn tail (as every log does; telling a torn write from
+//! damage there would take a durable mark of the last sync).
+//!
+//! So, trusting the writer (a process crash), a record whose header or echo still names its key
+//! becomes a tombstone for that key, written into the summary in its place (`recovered`), and
+//! the scan goes on after it. Where a record of this use was but nothing names it (its header
+//! and echo both damaged, their magic and seq still there), a `Lost` entry voids every key whose
+//! newest record comes before it. A hole with no trace of this use is a write that never
+//! happened (a failed write leaves one; acknowledgements are in log order, so nothing after it
+//! was acknowledged), and what follows it is dropped like a torn tail. A record destroyed so
+//! thoroughly that no trace is left cannot be told from such a hole. The segment is sealed after
+//! the evidence, so a crash during recovery finds it again.
+
+use kvhoard_format::record::{RecordHeader, RecordKind};
+use kvhoard_format::summary::{self, SummaryEntry};
+use kvhoard_format::superblock::Superblock;
+use kvhoard_format::{BlockDesc, CompressionMeta, UNIT_BYTES};
+
+use crate::device::{BlockDevice, DeviceError};
+use crate::log::probe::{identify, look_past, Found};
+use crate::log::scan::read_record_at;
+
+/// A segment without a summary, as recovery settles it.
+#[derive(Debug, Clone)]
+pub(crate) struct Settled {
+    /// What to apply and seal the segment with, in unit order: its intact records, and the
+    /// entries recovery wrote in place of records it could not trust (marked `recovered`).
+    pub entries: Vec<SummaryEntry>,
+    /// First unit after the last intact record.
+    pub chain_end: u32,
+    /// Where the summary goes if the segment is sealed: after the last evidence recovery found
+    /// past damage, so that sealing never overwrites it (or at `chain_end` if it would not fit).
+    pub seal_unit: u32,
+    /// Nothing of this use lies past `chain_end`: appends may continue there.
+    pub clean_end: bool,
+    /// Why the records stopped before the end of the segment, if they did.
+    pub stop: Option<String>,
+    /// Entries written in place of records (tombstones and lost markers).
+    pub discarded: u64,
+}
+
+/// Settles segment `index` (use `seq`) from its records. `trust_writes`: the writer stopped
+/// with the machine running (see the module comment).
+pub(crate) fn settle(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+    seq: u64,
+    trust_writes: bool,
+) -> Result<Settled, DeviceError> {
+    let last = sb.segment_units() - 1;
+    let base = sb.segment_offset(index);
+    let mut entries = Vec::new();
+    let mut discarded = 0;
+    let mut unit = 1;
+    let mut stop = None;
+    while unit < last {
+        match read_record_at(dev, base, unit, last - unit, Some(seq))? {
+            Ok((header, units, _)) => {
+                entries.push(SummaryEntry { unit, header });
+                unit += units;
+            }
+            Err(why) => {
+                if trust_writes {
+                    let mut first = crate::AlignedBuf::zeroed(UNIT_BYTES as usize);
+                    let offset = base + u64::from(unit) * UNIT_BYTES;
+                    dev.read_at(&mut first, offset)?;
+                    if let Some((header, units)) = identify(dev, offset, &first, Some(seq), last - unit)? {
+                        tracing::error!(segment = index, unit, key = %header.key, reason = %why, "record is damaged; its key becomes a miss");
+                        entries.push(SummaryEntry { unit, header: in_place_of(&header) });
+                        discarded += 1;
+                        unit += units;
+                        continue;
+                    }
+                }
+                stop = Some(why);
+                break;
+            }
+        }
+    }
+    let chain_end = unit;
+    let mut settled = Settled { entries, chain_end, seal_unit: chain_end, clean_end: true, stop, discarded };
+    if settled.stop.is_none() {
+        return Ok(settled);
+    }
+    let past = look_past(dev, base, chain_end, last, seq)?;
+    if past.is_empty() {
+        // A clean end: what follows was never written in this use.
+        return Ok(settled);
+    }
+    settled.clean_end = false;
+    if !trust_writes {
+        // A torn tail after a power loss: the records past it were never acknowledged as synced.
+        return Ok(settled);
+    }
+    // A trace of a record nothing names (every copy of its header damaged): it may have been
+    // the newest version or the deletion of any key written before it.
+    let Some(lost_at) = past.iter().find_map(|f| match f {
+        Found::Trace { unit } => Some(*unit),
+        Found::Record { .. } => None,
+    }) else {
+        // Only intact records past a hole: the hole is a write that never happened (a failed
+        // write leaves one), so nothing after it was acknowledged; they are dropped as a torn
+        // tail is.
+        return Ok(settled);
+    };
+    tracing::error!(
+        segment = index,
+        unit = lost_at,
+        "a damaged record names no key; every key written before it becomes a miss"
+    );
+    settled.entries.push(SummaryEntry { unit: lost_at, header: lost(seq) });
+    settled.discarded += 1;
+    let evidence_end = lost_at + 1;
+    settled.entries.sort_by_key(|e| e.unit);
+    // Seal after the evidence if the summary fits there, so that a crash while sealing finds it
+    // again; otherwise at the end of the intact records (the summary then carries the evidence).
+    let summary_bytes: usize = settled.entries.iter().map(|e| summary::entry_bytes(e.header.encoded_len())).sum();
+    if u64::from(evidence_end) + crate::log::units_for(summary_bytes) < u64::from(last) {
+        settled.seal_unit = evidence_end;
+    }
+    Ok(settled)
+}
+
+/// The tombstone recovery writes into a summary in place of the record `h`, which it could not
+/// trust: its key becomes a miss.
+pub(crate) fn in_place_of(h: &RecordHeader) -> RecordHeader {
+    RecordHeader {
+        kind: RecordKind::Tombstone,
+        segment_seq: h.segment_seq,
+        payload_crc: 0,
+        namespace: h.namespace.clone(),
+        key: h.key.clone(),
+        content_hash: [0; 32],
+        raw_len: 0,
+        stored_len: 0,
+        created_unix_ms: h.created_unix_ms,
+        ttl_secs: 0,
+        group_id: None,
+        parent_hash: None,
+        desc: BlockDesc::opaque(),
+        compression: CompressionMeta::none(),
+        recovered: true,
+    }
+}
+
+/// The entry recovery writes where a record of use `seq` was lost without a trace of its key.
+pub(crate) fn lost(seq: u64) -> RecordHeader {
+    RecordHeader {
+        kind: RecordKind::Lost,
+        segment_seq: seq,
+        payload_crc: 0,
+        namespace: String::new(),
+        key: String::new(),
+        content_hash: [0; 32],
+        raw_len: 0,
+        stored_len: 0,
+        created_unix_ms: 0,
+        ttl_secs: 0,
+        group_id: None,
+        parent_hash: None,
+        desc: BlockDesc::opaque(),
+        compression: CompressionMeta::none(),
+        recovered: true,
+    }
+}
