@@ -59,7 +59,10 @@ trap cleanup EXIT
 "$kvhoard" init "$work/vol" --capacity 2GiB >/dev/null
 
 start() {
-  "$kvhoard" serve "$work/vol" --lm 0 --resp 0 2>"$work/serve.log" &
+  # The three connectors store the same keys with the same bytes. RESP gets a namespace of its
+  # own: a key's description is the key's own, so a RESP SET (no description) over an lm:// key
+  # would make an lm:// GET of it a miss, as it should.
+  "$kvhoard" serve "$work/vol" --lm 0 --resp 0 --resp-namespace lmcache-resp 2>"$work/serve.log" &
   server_pid=$!
   for _ in $(seq 100); do
     grep -q "serving" "$work/serve.log" 2>/dev/null && break

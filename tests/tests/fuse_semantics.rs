@@ -48,6 +48,27 @@ fn no_other_process_publishes_a_half_written_file() {
     assert_eq!(seen_by_another_process(&fx.path("default/part")), (7777, 7777));
 }
 
+/// A process that opens a file on one thread and writes and closes it on another (a thread pool,
+/// as LMCache's fs:// connector does through aiofiles) publishes it at its close, so a rename
+/// right after finds it.
+#[test]
+fn a_file_written_by_several_threads_of_one_process_is_published_at_its_close() {
+    let Some(fx) = Fixture::new() else { return };
+    let tmp = fx.path("default/chunk.tmp");
+    for round in 0..20u8 {
+        let f = std::fs::File::create(&tmp).unwrap();
+        std::thread::spawn(move || {
+            let mut f = f;
+            f.write_all(&[round; 5000]).unwrap();
+            drop(f);
+        })
+        .join()
+        .unwrap();
+        std::fs::rename(&tmp, fx.path("default/chunk.data")).unwrap();
+        assert_eq!(std::fs::read(fx.path("default/chunk.data")).unwrap(), vec![round; 5000]);
+    }
+}
+
 #[test]
 fn writes_through_a_renamed_path_land_on_the_new_name() {
     let Some(fx) = Fixture::new() else { return };

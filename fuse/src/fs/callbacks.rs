@@ -10,6 +10,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use super::handles::process_of;
 use super::handles::Viewer;
 use super::xattrs::reply_xattr;
 use super::KvFs;
@@ -43,7 +44,7 @@ impl Filesystem for KvFs {
             return reply.error(Errno::ENOENT);
         }
         let ino = self.inodes().lookup(node.clone());
-        match self.getattr_node(ino, &node, Viewer { fh: None, pid: req.pid() }) {
+        match self.getattr_node(ino, &node, Viewer { fh: None, pid: process_of(req.pid()) }) {
             Ok(attr) => reply.entry(&self.ttl(ino), &attr, Generation(0)),
             Err(e) => {
                 self.inodes().forget(ino, 1);
@@ -58,7 +59,7 @@ impl Filesystem for KvFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let Some(node) = self.node(ino) else { return reply.error(Errno::ENOENT) };
-        match self.getattr_node(ino.0, &node, Viewer { fh, pid: req.pid() }) {
+        match self.getattr_node(ino.0, &node, Viewer { fh, pid: process_of(req.pid()) }) {
             Ok(attr) => reply.attr(&self.ttl(ino.0), &attr),
             Err(e) => reply.error(e),
         }
@@ -83,7 +84,7 @@ impl Filesystem for KvFs {
         reply: ReplyAttr,
     ) {
         let Some(node) = self.node(ino) else { return reply.error(Errno::ENOENT) };
-        let viewer = Viewer { fh, pid: req.pid() };
+        let viewer = Viewer { fh, pid: process_of(req.pid()) };
         if mode.is_some() || uid.is_some() || gid.is_some() {
             // Stored blocks have no owner or mode of their own.
             return reply.error(Errno::EPERM);
@@ -183,7 +184,7 @@ impl Filesystem for KvFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let Some(node) = self.node(ino) else { return reply.error(Errno::ENOENT) };
-        match self.open_node(ino.0, &node, flags, req.pid()) {
+        match self.open_node(ino.0, &node, flags, process_of(req.pid())) {
             // Direct I/O: reads and writes come to us whole, and the page cache holds no second copy.
             Ok(fh) => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(e),
@@ -231,7 +232,7 @@ impl Filesystem for KvFs {
     }
 
     fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        match self.flush_handle(fh, req.pid()) {
+        match self.flush_handle(fh, process_of(req.pid())) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -367,7 +368,7 @@ impl Filesystem for KvFs {
             }
         }
         let ino = self.inodes().lookup(node);
-        let fh = self.create_node(ino, req.pid());
+        let fh = self.create_node(ino, process_of(req.pid()));
         let attr = self.attr(ino, FileType::RegularFile, 0, 0, SystemTime::now(), 0o644);
         reply.created(&self.ttl(ino), &attr, Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO);
     }

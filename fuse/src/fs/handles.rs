@@ -292,3 +292,12 @@ impl KvFs {
         self.writer_for(ino, viewer).is_some()
     }
 }
+
+/// The process (thread group) a request came from. FUSE gives the id of the calling thread; a
+/// process that opens a file on one thread and writes and closes it on others (a thread pool, as
+/// Python's aiofiles does) is one writer, so writers are told apart by process. Falls back to the
+/// thread id if the thread is gone.
+pub(super) fn process_of(tid: u32) -> u32 {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { return tid };
+    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok()).unwrap_or(tid)
+}
