@@ -35,6 +35,12 @@ pub struct BlockMeta {
 }
 
 impl BlockMeta {
+    /// The codec the block is stored with, as a codec spec (`raw` when it is stored as it is;
+    /// `codec-N` for a codec this build does not know).
+    pub fn codec(&self) -> String {
+        codec_name(&self.desc, self.raw_len, &self.compression)
+    }
+
     /// The description a block record's header gives, the record being at `location`.
     pub(crate) fn of(h: RecordHeader, location: Loc) -> BlockMeta {
         BlockMeta {
@@ -49,6 +55,19 @@ impl BlockMeta {
             parent_hash: h.parent_hash,
             location,
         }
+    }
+}
+
+/// The codec a block described by `desc` (`raw_len` original bytes) with codec area
+/// `compression` is stored with, as a codec spec (`raw` when it is stored as it is; `codec-N`
+/// for a codec this build does not know).
+pub fn codec_name(desc: &BlockDesc, raw_len: u64, compression: &CompressionMeta) -> String {
+    if compression.is_none() {
+        return "raw".into();
+    }
+    match crate::codec::spec_of(desc, raw_len, compression) {
+        Some(spec) => spec.to_string(),
+        None => CompressionMeta::codec_name(compression.codec_id),
     }
 }
 

@@ -77,6 +77,23 @@ pub enum StoreError {
         /// Bytes given.
         got: u64,
     },
+    /// The block was stored with tokens (or pages) dropped: it is served only to callers that
+    /// take the kept positions with it.
+    #[error("{key:?} was stored with tokens dropped ({codec}): read it with get_kv, which returns the kept token positions too")]
+    TokensDropped {
+        /// The key.
+        key: String,
+        /// Its codec.
+        codec: String,
+    },
+    /// The block's codec is one this build cannot decode.
+    #[error("cannot decode {key:?}: {reason}")]
+    Codec {
+        /// The key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
     /// An earlier write or sync failed; the store refuses writes until it is reopened, because
     /// it can no longer tell what reached the disk.
     #[error("writes are refused after an earlier I/O error ({reason}); reopen the volume to recover")]

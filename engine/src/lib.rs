@@ -34,6 +34,7 @@ pub mod buffer;
 pub mod check;
 mod checkpoint;
 mod clock;
+mod codec;
 pub mod device;
 mod error;
 pub mod fsck;
@@ -43,6 +44,7 @@ mod metrics;
 mod options;
 mod parts;
 pub mod placement;
+mod policy;
 mod reclaim;
 mod recovery;
 mod store;
@@ -50,17 +52,22 @@ mod thread;
 pub mod tier;
 mod volume;
 
-pub use block::{Block, BlockMeta};
+pub use block::{codec_name, Block, BlockMeta};
 pub use buffer::AlignedBuf;
 pub use checkpoint::CHECKPOINT_FILE;
 pub use clock::Clock;
 pub use device::IoBackend;
 pub use error::{Result, StoreError};
 pub use index::KeyId;
+pub use kvhoard_kernels::{CodecSpec, Positions};
 pub use log::Loc;
 pub use options::{CreateOptions, Durability, PutOptions, ReadOptions, StoreOptions};
+pub use policy::Policy;
 pub use recovery::RecoveryReport;
-pub use store::{ListCursor, ListEntry, ListPage, NamespaceStats, Resident, Stats, Store, DIRECT_READ_MIN_BYTES};
+pub use store::{
+    CodecStats, ListCursor, ListEntry, ListPage, NamespaceStats, PolicyStats, Resident, Stats, Store,
+    DIRECT_READ_MIN_BYTES,
+};
 pub use volume::VolumeFiles;
 
 pub use kvhoard_format as format;

@@ -26,6 +26,13 @@ pub(crate) struct Metrics {
     pub evicted_bytes: AtomicU64,
     pub segments_reclaimed: AtomicU64,
     pub pins_overridden: AtomicU64,
+    /// Blocks stored compressed by the store's codec.
+    pub compressed: AtomicU64,
+    /// Blocks a codec was asked for but could not take (no tensor description, no gain): stored
+    /// as they are.
+    pub codec_skipped: AtomicU64,
+    /// Blocks decoded on a read.
+    pub decoded: AtomicU64,
 }
 
 impl Metrics {

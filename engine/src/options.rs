@@ -53,6 +53,11 @@ pub struct PutOptions {
     pub compression: Option<CompressionMeta>,
     /// For pre-compressed bytes: the raw length and blake3 of the raw bytes.
     pub raw: Option<(u64, [u8; 32])>,
+    /// Codec the store compresses the bytes with (`None`: the namespace's default;
+    /// `Some(CodecSpec::RAW)`: none). The block keeps the blake3 name of the bytes given. A lossy
+    /// codec is refused in a namespace whose policy denies them; a block the codec cannot take
+    /// is stored as it is (counted in `Stats::codec_skipped`).
+    pub codec: Option<kvhoard_kernels::CodecSpec>,
 }
 
 /// Options of one read.

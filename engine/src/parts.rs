@@ -12,12 +12,14 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::buffer::BufferPool;
 use crate::checkpoint::Checkpoints;
 use crate::clock::Clock;
+use crate::codec::Codecs;
 use crate::error::{Result, StoreError};
 use crate::index::Index;
 use crate::log::{Log, LogState};
 use crate::metrics::Metrics;
 use crate::options::StoreOptions;
 use crate::placement::Placement;
+use crate::policy::Policies;
 use crate::reclaim::pins::Pins;
 use crate::recovery::RecoveryReport;
 use crate::tier::Tiers;
@@ -39,6 +41,10 @@ pub(crate) struct Parts {
     pub(crate) placement: Arc<dyn Placement>,
     /// Record buffers for puts and gets, reused without zeroing.
     pub(crate) pool: Arc<BufferPool>,
+    /// Codec contexts for compressing on put and decoding on get.
+    pub(crate) codecs: Codecs,
+    /// Each namespace's codec policy.
+    pub(crate) policies: Policies,
     /// What the store did.
     pub(crate) metrics: Metrics,
     /// How the store was opened.

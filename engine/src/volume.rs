@@ -5,6 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use kvhoard_format::policy::{self, NsPolicy};
 use kvhoard_format::superblock::{self, Superblock};
 use kvhoard_format::{align_up, FormatError, UNIT_BYTES};
 
@@ -166,13 +167,52 @@ pub fn format(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     for index in 0..sb.segment_count {
         dev.write_at(&zero, sb.segment_offset(index))?;
     }
+    write_superblocks(dev, sb, &[])
+}
+
+/// Writes both superblock copies with `policies` in their policy area: copy A, sync, copy B,
+/// sync, so that a crash leaves at least one copy whole (the one with the old policies, or the
+/// one with the new).
+pub fn write_superblocks(dev: &dyn BlockDevice, sb: &Superblock, policies: &[NsPolicy]) -> Result<()> {
+    let area = policy::encode(policies).map_err(StoreError::Superblock)?;
     for (copy, offset) in (0u32..).zip(superblock::COPY_OFFSETS) {
         let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
         unit.copy_from_slice(&sb.encode(copy));
+        if let Some(dst) = unit.get_mut(policy::OFFSET..policy::OFFSET + area.len()) {
+            dst.copy_from_slice(&area);
+        }
         dev.write_at(&unit, offset)?;
+        dev.sync()?;
     }
-    dev.sync()?;
     Ok(())
+}
+
+/// The namespace policies: from copy A's policy area, or copy B's when A's does not decode;
+/// none when neither does (logged).
+pub fn read_policies(dev: &dyn BlockDevice) -> Vec<NsPolicy> {
+    let mut why = Vec::new();
+    for (copy, offset) in superblock::COPY_OFFSETS.into_iter().enumerate() {
+        let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+        if let Err(e) = dev.read_at(&mut unit, offset) {
+            why.push(format!("copy {copy}: {e}"));
+            continue;
+        }
+        if Superblock::decode(&unit).is_err() {
+            why.push(format!("copy {copy}: superblock damaged"));
+            continue;
+        }
+        match policy::decode(&unit) {
+            Ok(p) => {
+                if !why.is_empty() {
+                    tracing::warn!(copy, "namespace policies of superblock copy A are damaged; used copy B's");
+                }
+                return p;
+            }
+            Err(e) => why.push(format!("copy {copy}: {e}")),
+        }
+    }
+    tracing::error!(reasons = ?why, "no copy of the namespace policies decodes; every namespace has the default policy");
+    Vec::new()
 }
 
 /// Whether the device already starts with a kvhoard superblock (either copy).

@@ -9,7 +9,7 @@
 //!                    segment_count u32, namespace_count u32, content_count u64, key_count u64
 //! segments 16 bytes each: seq u64 (0 = free), end_unit u32, state u8, reserved [3]
 //! names    per namespace: len u16, UTF-8 bytes
-//! contents 36 bytes each: fp [16], segment u32, unit u32, units u32, raw_len u32, ns u16, reserved u16
+//! contents 36 bytes each: fp [16], segment u32, unit u32, units u32, raw_len u32, ns u16, codec u8, reserved u8
 //! keys     36 bytes each: fp [16], content u32, segment u32, unit u32, expires_unix_s u32, ns u16, reserved u16
 //! crc32c   u32 over everything before it
 //! ```
@@ -57,6 +57,9 @@ pub struct ContentEntry {
     pub raw_len: u32,
     /// Namespace index into [`Checkpoint::namespaces`].
     pub ns: u16,
+    /// What kind of codec stored the block (`kvhoard-kernels`' codec class; 0 raw), for
+    /// statistics.
+    pub codec: u8,
 }
 
 /// A key in the checkpoint's index.
@@ -137,7 +140,8 @@ impl Checkpoint {
             w.u32(c.units);
             w.u32(c.raw_len);
             w.u16(c.ns);
-            w.u16(0);
+            w.u8(c.codec);
+            w.u8(0);
         }
         for k in &self.keys {
             w.bytes(&k.fp);
@@ -270,8 +274,9 @@ fn decode_content(r: &mut Reader<'_>) -> Result<ContentEntry, FormatError> {
         units: r.u32()?,
         raw_len: r.u32()?,
         ns: r.u16()?,
+        codec: r.u8()?,
     };
-    r.u16()?;
+    r.u8()?;
     Ok(c)
 }
 
@@ -305,7 +310,7 @@ mod tests {
                 SegmentState { seq: 0, end_unit: 0, sealed: false },
             ],
             namespaces: vec!["default".into(), "tenant-b".into()],
-            contents: vec![ContentEntry { fp: [5; 16], segment: 0, unit: 1, units: 3, raw_len: 9000, ns: 1 }],
+            contents: vec![ContentEntry { fp: [5; 16], segment: 0, unit: 1, units: 3, raw_len: 9000, ns: 1, codec: 0 }],
             keys: vec![KeyEntry { fp: [2; 16], content: 0, segment: 0, unit: 1, expires_unix_s: 0, ns: 1 }],
         }
     }

@@ -22,6 +22,7 @@ pub mod checkpoint;
 pub mod desc;
 mod error;
 pub mod hex;
+pub mod policy;
 pub mod record;
 pub mod segment;
 pub mod summary;

@@ -1,8 +1,9 @@
 //! The superblock: the volume's identity and geometry, kept in two copies (units 0 and 1).
 //!
-//! It is written once, when the volume is created, and never rewritten in place; two copies let a
-//! volume open when one of them is damaged. Everything that changes lives in the log and the
-//! checkpoints.
+//! It is written when the volume is created; two copies let a volume open when one of them is
+//! damaged. Everything that changes lives in the log and the checkpoints, except the namespace
+//! policies ([`crate::policy`]), which share the superblock's units and are rewritten (copy A,
+//! sync, copy B, sync) only when a policy is set.
 
 use crate::bytes::{check_crc, check_magic, check_version, Reader, Writer};
 use crate::{FormatError, UNIT_BYTES};

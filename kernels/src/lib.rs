@@ -29,7 +29,7 @@ pub mod synth;
 pub use codec::{decoded_size, Block, Codec, Compressed, CpuCodec, Decoded};
 pub use elem::Elements;
 pub use kvhoard_format::{BlockDesc, Dtype, Layout};
-pub use params::CodecParams;
+pub use params::{class_name, codec_class, CodecParams};
 pub use positions::Positions;
 pub use queries::Queries;
 pub use shape::{KvLayout, KvShape, MAX_RAW_BYTES};

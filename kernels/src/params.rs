@@ -126,6 +126,40 @@ impl CodecParams {
     }
 }
 
+/// What kind of codec stored a block, for statistics: read from the first bytes of its codec
+/// area alone, without its description. One byte: 0 raw (no codec), 1 lossless, 2 quant, 3
+/// dropping then raw, 4 dropping then lossless, 5 dropping then quant, 255 unknown.
+pub fn codec_class(meta: &CompressionMeta) -> u8 {
+    if meta.codec_id == CompressionMeta::CODEC_NONE {
+        return 0;
+    }
+    if meta.codec_id != CompressionMeta::CODEC_KV || meta.codec_version != VERSION {
+        return CLASS_UNKNOWN;
+    }
+    let (Some(&encoding), Some(&drop)) = (meta.params.first(), meta.params.get(1)) else { return CLASS_UNKNOWN };
+    match (encoding, drop != 0) {
+        (0..=2, false) => encoding,
+        (0..=2, true) => 3 + encoding,
+        _ => CLASS_UNKNOWN,
+    }
+}
+
+/// [`codec_class`] of a block whose codec this build does not know.
+pub const CLASS_UNKNOWN: u8 = 255;
+
+/// The name of a [`codec_class`].
+pub fn class_name(class: u8) -> &'static str {
+    match class {
+        0 => "raw",
+        1 => "lossless",
+        2 => "quant",
+        3 => "drop",
+        4 => "drop+lossless",
+        5 => "drop+quant",
+        _ => "unknown",
+    }
+}
+
 /// Why the bytes are not valid parameters: the reader ran out, or a field is out of range.
 enum Decode {
     Format(FormatError),

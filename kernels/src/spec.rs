@@ -198,6 +198,21 @@ impl CodecSpec {
         CodecSpec { drop: None, encoding: Encoding::Quant { bits, group, residual } }
     }
 
+    /// Whether decoding gives back other bytes than were compressed (quantization, dropping).
+    pub fn is_lossy(&self) -> bool {
+        self.drop.is_some() || matches!(self.encoding, Encoding::Quant { .. })
+    }
+
+    /// Whether the decoded block has fewer tokens than the original (a dropping stage).
+    pub fn drops_tokens(&self) -> bool {
+        self.drop.is_some()
+    }
+
+    /// Whether this stores the bytes as they are (no dropping, no encoding).
+    pub fn is_raw(&self) -> bool {
+        self.drop.is_none() && self.encoding == Encoding::Raw
+    }
+
     /// This encoding after a dropping stage keeping `keep_fraction` of the tokens.
     pub fn with_drop(self, method: DropMethod, keep_fraction: f32) -> CodecSpec {
         CodecSpec { drop: Some(DropSpec { method, keep_fraction, per_head: false }), ..self }

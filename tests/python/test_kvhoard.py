@@ -35,6 +35,51 @@ def test_store_put_get_contains_delete(tmp_path):
         assert not store.contains("org/model@1@0@-3f2a@bfloat16")
 
 
+def kv_chunk(seed, layers=2, tokens=256, channels=1024):
+    """A bf16 KV_2LTD chunk with the value spread of a real one (compressible, unlike noise)."""
+    import random
+
+    rng = random.Random(seed)
+    out = bytearray()
+    for _ in range(2 * layers * tokens * channels):
+        value = rng.gauss(0.0, 1.0)
+        bits = int.from_bytes(__import__("struct").pack("<f", value), "little")
+        out += (bits >> 16).to_bytes(2, "little")
+    return bytes(out), ("kv_2ltd", "bf16", (2, layers, tokens, channels))
+
+
+def test_codecs_policies_frames_and_recompression(tmp_path):
+    path = str(tmp_path / "vol")
+    data, desc = kv_chunk(3, layers=1, tokens=64, channels=256)
+    with kvhoard.Store(path, create=True, capacity=64 << 20, segment_size=4 << 20) as store:
+        store.put("l", data, desc=desc, codec="lossless")
+        assert store.get("l") == data
+        assert store.describe("l")["codec"].startswith("lossless")
+        assert store.describe("l")["stored_size"] < len(data)
+        frame, meta = store.get_frame("l")
+        assert len(frame) == meta["stored_size"] and meta["codec_params"]
+        # Lossy codecs only where the namespace allows them.
+        with pytest.raises(kvhoard.KvhoardError, match="lossy"):
+            store.put("q", data, desc=desc, codec="quant:bits=4")
+        store.set_policy("default", codec="quant:bits=8", lossy=True)
+        assert store.policy("default") == {"codec": "quant:bits=8,group=32,residual=0", "lossy": True}
+        store.put("q", data, desc=desc)
+        assert len(store.get("q")) == len(data)
+        assert store.describe("q")["codec"].startswith("quant:bits=8")
+        assert store.recompress("q", "quant:bits=4")
+        assert store.describe("q")["codec"].startswith("quant:bits=4")
+        # Dropped tokens come back only with their positions.
+        store.put("d", data, desc=desc, codec="drop-knorm:keep=0.5")
+        with pytest.raises(kvhoard.KvhoardError, match="get_kv"):
+            store.get("d")
+        block, positions = store.get_kv("d")
+        assert len(block) == len(data) // 2 and len(positions) == 32
+        assert store.get_kv("l") == (data, None)
+    with kvhoard.Store(path) as store:
+        assert store.policy("default")["lossy"]
+        assert store.get("l") == data
+
+
 def test_a_pinned_chunk_outlives_reclaim(tmp_path):
     path = str(tmp_path / "vol")
     # 8 segments of 1 MiB: 3 chunks of 256 KiB each (records have a header unit).

@@ -565,3 +565,39 @@ fn nothing_to_serve_and_inconsistent_limits_are_errors() {
     .unwrap();
     assert!(err.to_string().contains("in-flight budget"), "{err}");
 }
+
+#[test]
+fn lm_chunks_are_stored_compressed_and_come_back_decoded_never_with_dropped_tokens() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let create = CreateOptions { capacity_bytes: Some(256 << 20), segment_size_bytes: 64 << 20 };
+    let store = Arc::new(Store::create(&dir.path().join("vol"), &create, StoreOptions::default()).unwrap());
+    // Token dropping: refused for a namespace lm:// serves, by --codec or by its policy.
+    let drop = kvhoard_engine::CodecSpec::parse("drop-knorm:keep=0.5").unwrap();
+    store.set_policy("lmcache", kvhoard_engine::Policy { codec: None, lossy: true }).unwrap();
+    let err = kvhoard_serve::start(Arc::clone(&store), ServeOptions { codec: Some(drop), ..options() }).err().unwrap();
+    assert!(err.to_string().contains("drops"), "{err}");
+    // Quantization: stored compressed, read back decoded in the shape LMCache gave.
+    let quant = kvhoard_engine::CodecSpec::quant(8, 32, 0);
+    let running = kvhoard_serve::start(Arc::clone(&store), ServeOptions { codec: Some(quant), ..options() }).unwrap();
+    let mut c = connect(running.addrs().lm.unwrap());
+    let meta = WireMeta { fmt: 1, dtype: 3, shape: [2, 2, 256, 1024] };
+    let synth = kvhoard_kernels::synth::Synth::new(2, 256, 8, 128, 3);
+    let chunk = synth.generate();
+    lm_put(&mut c, "q", &meta, &chunk);
+    let (got_meta, got) = lm_get(&mut c, "q").expect("stored");
+    assert_eq!(got_meta, meta);
+    assert_eq!(got.len(), chunk.len());
+    let stored = store.meta("lmcache", "q").unwrap().unwrap();
+    assert!(stored.stored_len < chunk.len() as u64 * 6 / 10, "quant:bits=8 should store about half");
+    // A block stored with dropped tokens (through the API) is a miss over lm://, not half a chunk.
+    store
+        .put(
+            "lmcache",
+            "dropped",
+            &chunk,
+            &kvhoard_engine::PutOptions { desc: Some(synth.desc.desc()), codec: Some(drop), ..Default::default() },
+        )
+        .unwrap();
+    assert!(lm_get(&mut c, "dropped").is_none());
+    running.shutdown(Duration::from_secs(5));
+}

@@ -67,19 +67,19 @@ pub enum Command {
         file: Option<PathBuf>,
         #[command(flatten)]
         ns: NamespaceArg,
-        /// Seconds until the key expires.
-        #[arg(long, value_name = "SECS")]
-        ttl: Option<u32>,
-        /// Group (context) id the block belongs to.
-        #[arg(long, value_name = "G")]
-        group: Option<u64>,
-        /// When to acknowledge: buffered (in memory), written (write completed), synced (after
-        /// fdatasync; survives power loss).
-        #[arg(long, default_value = "synced", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
-        durability: Durability,
-        /// Print the result as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        flags: crate::commands::keys::PutFlags,
+    },
+    /// Show or set a namespace's policy: its default codec, and whether lossy codecs may be
+    /// applied in it.
+    ///
+    /// `kvhoard ns show VOLUME` lists every namespace policy; `kvhoard ns set VOLUME NS --codec
+    /// SPEC --lossy allow|deny` sets one (kept with the volume; blocks already stored keep their
+    /// codec). Lossy codecs (quant, drop-*) are denied unless allowed. A namespace served over
+    /// lm:// or RESP cannot have a token-dropping codec (those clients cannot take the result).
+    Ns {
+        #[command(subcommand)]
+        action: crate::commands::ns::NsAction,
     },
     /// Write the block stored under KEY to stdout or a file. Exits 3 if there is none.
     Get {

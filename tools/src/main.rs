@@ -24,9 +24,10 @@ fn main() -> ExitCode {
         Command::Init { volume, capacity, segment_size, json } => {
             commands::init::run(&volume, capacity, segment_size, json, opts)
         }
-        Command::Put { volume, key, file, ns, ttl, group, durability, json } => {
-            commands::keys::put(&volume, &ns.namespace, &key, file.as_deref(), ttl, group, durability, json, opts)
+        Command::Put { volume, key, file, ns, flags } => {
+            commands::keys::put(&volume, &ns.namespace, &key, file.as_deref(), &flags, opts)
         }
+        Command::Ns { action } => commands::ns::run(&action, opts),
         Command::Get { volume, key, output, ns, verify } => {
             commands::keys::get(&volume, &ns.namespace, &key, output.as_deref(), verify, opts)
         }

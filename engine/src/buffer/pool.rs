@@ -79,6 +79,14 @@ pub struct PooledBuf {
     pool: Arc<BufferPool>,
 }
 
+impl PooledBuf {
+    /// Exposes only the first `len` bytes from now on (a codec's output, shorter than the
+    /// buffer it was given). Never grows the buffer.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
 impl Deref for PooledBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

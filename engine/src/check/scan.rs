@@ -335,11 +335,14 @@ fn header_only(dev: &dyn BlockDevice, base: u64, unit: u32, seq: u64) -> Result<
 }
 
 fn deep_check(h: &RecordHeader, record: &[u8], opts: ScanOptions) -> Option<String> {
-    if !opts.deep || h.kind != RecordKind::Block || h.compression.codec_id != CompressionMeta::CODEC_NONE {
+    if !opts.deep || h.kind != RecordKind::Block {
         return None;
     }
     let start = h.payload_offset() as usize;
     let payload = record.get(start..start + h.stored_len as usize)?;
+    if h.compression.codec_id != CompressionMeta::CODEC_NONE {
+        return crate::codec::check_frame(&h.desc, h.raw_len, &h.compression, payload, &h.content_hash).err();
+    }
     (blake3::hash(payload).as_bytes() != &h.content_hash)
         .then(|| "blake3 of the bytes does not match the content hash".to_string())
 }

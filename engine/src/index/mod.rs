@@ -54,6 +54,8 @@ pub struct ContentEntry {
     pub refs: u32,
     /// Namespace id.
     pub ns: u16,
+    /// What kind of codec stored it (`kvhoard_kernels::codec_class`: 0 raw), for statistics.
+    pub codec: u8,
 }
 
 /// Counters of one namespace.
@@ -144,6 +146,18 @@ impl Index {
         self.content_table
             .find(hash_of(&whole), |&s| contents.get(s as usize).is_some_and(|c| c.fp.split_at(8).0 == prefix))
             .copied()
+    }
+
+    /// Per codec class: blocks, raw bytes and stored bytes (what their records occupy).
+    pub fn codec_totals(&self) -> std::collections::BTreeMap<u8, (u64, u64, u64)> {
+        let mut totals = std::collections::BTreeMap::new();
+        for c in self.contents.iter().filter(|c| c.refs > 0) {
+            let t: &mut (u64, u64, u64) = totals.entry(c.codec).or_default();
+            t.0 += 1;
+            t.1 += u64::from(c.raw_len);
+            t.2 += u64::from(c.units) * kvhoard_format::UNIT_BYTES;
+        }
+        totals
     }
 
     /// The entry in a slot.
@@ -388,6 +402,7 @@ impl Index {
                         raw_len: c.raw_len,
                         refs: 0,
                         ns: c.ns,
+                        codec: c.codec,
                     })
                 })
             })
@@ -421,6 +436,7 @@ impl Index {
                     units: c.units,
                     raw_len: c.raw_len,
                     ns: c.ns,
+                    codec: c.codec,
                 });
             }
         }
@@ -460,7 +476,7 @@ mod tests {
     }
 
     fn block(ns: u16, fp: ContentFp, record: Loc, units: u32, raw_len: u32) -> ContentEntry {
-        ContentEntry { fp, record, units, raw_len, refs: 0, ns }
+        ContentEntry { fp, record, units, raw_len, refs: 0, ns, codec: 0 }
     }
 
     #[test]

@@ -372,7 +372,15 @@ pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &
     match h.kind {
         RecordKind::Block => {
             let units = (h.record_bytes() / UNIT_BYTES) as u32;
-            let block = ContentEntry { fp: header_fp(h), record: loc, units, raw_len: h.raw_len as u32, refs: 0, ns };
+            let block = ContentEntry {
+                fp: header_fp(h),
+                record: loc,
+                units,
+                raw_len: h.raw_len as u32,
+                refs: 0,
+                ns,
+                codec: kvhoard_kernels::codec_class(&h.compression),
+            };
             index.apply_block(key, block, expires);
         }
         RecordKind::Link => {

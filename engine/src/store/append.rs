@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
+use kvhoard_kernels::CodecSpec;
+use std::sync::atomic::Ordering;
 
 use super::submit::{WriteJob, PARALLEL_MIN_BYTES};
 use super::Store;
@@ -23,19 +25,23 @@ use crate::placement::BlockInfo;
 use crate::recovery::expiry;
 
 /// Why a rename's link could not be reserved.
-pub(super) const SOURCE_CHANGED: &str = "the source key changed while it was being renamed";
+pub(super) const SOURCE_CHANGED: &str = "the key changed while it was being renamed or recompressed";
 
 /// A record ready to be reserved: its header (seq still 0) and, for a block, its bytes.
 pub(super) struct Prepared<'a> {
     pub(super) header: RecordHeader,
+    /// The bytes given by the caller.
     payload: &'a [u8],
+    /// The bytes to store when the store compressed them (else `payload`).
+    compressed: Option<PooledBuf>,
     /// The record buffer with the payload already in place (built outside the log lock).
     buf: Option<PooledBuf>,
     key: KeyFp,
     content: ContentFp,
-    /// For a link made by a rename: the key that must still name `content` when the link is
-    /// reserved (there are no bytes to store again if it does not).
-    source: Option<KeyFp>,
+    /// A key and the block it must still name when the record is reserved: for a rename's link,
+    /// the source key and the block linked (there are no bytes to store again if it changed);
+    /// for a recompressed block, the key and its block before (a newer write is left alone).
+    condition: Option<(KeyFp, ContentFp)>,
 }
 
 impl<'a> Prepared<'a> {
@@ -46,7 +52,27 @@ impl<'a> Prepared<'a> {
         content: ContentFp,
         source: Option<KeyFp>,
     ) -> Prepared<'a> {
-        Prepared { header, payload: &[], buf: None, key, content, source }
+        let condition = source.map(|s| (s, content));
+        Prepared { header, payload: &[], compressed: None, buf: None, key, content, condition }
+    }
+
+    /// A block record that replaces `key`'s block, provided the key still names `before` when it
+    /// is reserved. `header` is complete (hash, lengths, crc of `stored`).
+    pub(super) fn replacing(
+        header: RecordHeader,
+        stored: &'a [u8],
+        pool: &Arc<BufferPool>,
+        key: KeyFp,
+        before: ContentFp,
+    ) -> Prepared<'a> {
+        let content = header_fp(&header);
+        let buf = Some(record_buffer(pool, &header, stored));
+        Prepared { header, payload: stored, compressed: None, buf, key, content, condition: Some((key, before)) }
+    }
+
+    /// The bytes the record stores.
+    fn stored(&self) -> &[u8] {
+        self.compressed.as_deref().unwrap_or(self.payload)
     }
 }
 
@@ -57,10 +83,11 @@ impl Store {
         &self,
         namespace: &str,
         mut items: Vec<(RecordHeader, &'a [u8])>,
+        codec: Option<CodecSpec>,
     ) -> Result<Vec<Prepared<'a>>> {
         let parts = &*self.parts;
         let prepare = |chunk: Vec<(RecordHeader, &'a [u8])>| -> Vec<Prepared<'a>> {
-            chunk.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes)).collect()
+            chunk.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec)).collect()
         };
         let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
         let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(items.len());
@@ -85,11 +112,33 @@ impl Store {
 }
 
 impl Parts {
-    /// Hashes one block whose header the put checked, and decides between a block and a link
-    /// record.
-    fn prepare<'a>(&self, namespace: &str, mut header: RecordHeader, bytes: &'a [u8]) -> Prepared<'a> {
+    /// Hashes one block whose header the put checked, compresses it with `codec` if one is
+    /// given, and decides between a block and a link record.
+    fn prepare<'a>(
+        &self,
+        namespace: &str,
+        mut header: RecordHeader,
+        bytes: &'a [u8],
+        codec: Option<CodecSpec>,
+    ) -> Prepared<'a> {
+        let mut compressed = None;
         if header.compression.is_none() {
             header.content_hash = *blake3::hash(bytes).as_bytes();
+            if let Some(spec) = codec {
+                match self.codecs.compress(spec, &header.desc, bytes, &self.pool) {
+                    Ok(c) => {
+                        header.compression = c.meta;
+                        header.stored_len = c.payload.len() as u64;
+                        compressed = Some(c.payload);
+                        self.metrics.compressed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(why) => {
+                        if self.metrics.codec_skipped.fetch_add(1, Ordering::Relaxed) == 0 {
+                            tracing::info!(codec = %spec, reason = ?why, "a block the codec cannot take is stored as it is (counted in codec_skipped; logged once)");
+                        }
+                    }
+                }
+            }
         }
         let content = header_fp(&header);
         if self.index_read().content_slot(&content).is_some() {
@@ -97,11 +146,12 @@ impl Parts {
             header.kind = RecordKind::Link;
             header.stored_len = 0;
         } else {
-            header.payload_crc = crc32c::crc32c(bytes);
+            header.payload_crc = crc32c::crc32c(compressed.as_deref().unwrap_or(bytes));
         }
-        let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, bytes));
+        let stored = compressed.as_deref().unwrap_or(bytes);
+        let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, stored));
         let key = key_fp(namespace, &header.key);
-        Prepared { header, payload: bytes, buf, key, content, source: None }
+        Prepared { header, payload: bytes, compressed, buf, key, content, condition: None }
     }
 
     /// Reserves space for a prefix of `items` in log order, updates the index and returns the
@@ -139,10 +189,9 @@ impl Parts {
                         continue;
                     }
                 }
-                if let Some(source) = item.source {
+                if let Some((key, content)) = item.condition {
                     let index = self.index_read();
-                    let still =
-                        index.key(&source).and_then(|k| index.content(k.content)).is_some_and(|c| c.fp == item.content);
+                    let still = index.key(&key).and_then(|k| index.content(k.content)).is_some_and(|c| c.fp == content);
                     if !still {
                         return Err(StoreError::invalid("rename", SOURCE_CHANGED));
                     }
@@ -150,9 +199,9 @@ impl Parts {
                 if item.header.kind == RecordKind::Link && self.index_read().content_slot(&item.content).is_none() {
                     // The bytes were reclaimed since prepare(): store them again.
                     item.header.kind = RecordKind::Block;
-                    item.header.stored_len = item.payload.len() as u64;
-                    item.header.payload_crc = crc32c::crc32c(item.payload);
-                    item.buf = Some(record_buffer(&self.pool, &item.header, item.payload));
+                    item.header.stored_len = item.stored().len() as u64;
+                    item.header.payload_crc = crc32c::crc32c(item.stored());
+                    item.buf = Some(record_buffer(&self.pool, &item.header, item.stored()));
                     continue;
                 }
                 break;
@@ -236,7 +285,15 @@ impl Parts {
         let expires = expiry(h.created_unix_ms, h.ttl_secs);
         match h.kind {
             RecordKind::Block => {
-                let block = ContentEntry { fp: content, record: loc, units, raw_len: h.raw_len as u32, refs: 0, ns };
+                let block = ContentEntry {
+                    fp: content,
+                    record: loc,
+                    units,
+                    raw_len: h.raw_len as u32,
+                    refs: 0,
+                    ns,
+                    codec: kvhoard_kernels::codec_class(&h.compression),
+                };
                 index.apply_block(key, block, expires);
             }
             RecordKind::Link => {

@@ -14,6 +14,7 @@ use std::time::Instant;
 use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
 
+use super::decode::Dropped;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::error::{Result, StoreError};
@@ -60,8 +61,12 @@ impl Store {
         parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
         let kfp = key_fp(namespace, key);
         let lookup = || parts.live_content(&kfp);
-        let block = match lookup() {
+        let frame = match lookup() {
             Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry))?,
+            None => None,
+        };
+        let block = match frame {
+            Some(frame) => parts.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b),
             None => None,
         };
         parts.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
@@ -82,6 +87,8 @@ impl Store {
             return Ok(Resident::Absent);
         };
         match parts.dram_hit(&entry, opts) {
+            // Decoding is work for a thread that may take its time: get() does it.
+            Some(block) if !block.meta.compression.is_none() => Ok(Resident::OnDevice),
             Some(block) => {
                 parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
                 parts.metrics.count_get(Some(block.len() as u64));
@@ -157,16 +164,54 @@ impl Store {
         }
         // Small, cached, pending, unaligned, compressed, or not what the index said (a race with
         // reclaim, or damage, which `get` tells apart): through an engine buffer.
-        let Some(block) = self.get(namespace, key, opts)? else { return Ok(None) };
+        let Some(frame) = self.get_frame(namespace, key, opts)? else {
+            parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
+            parts.metrics.count_get(None);
+            return Ok(None);
+        };
+        if !frame.meta.compression.is_none() {
+            return self.decode_into(key, frame, buf, opts);
+        }
+        parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
+        let block = match parts.decoded(key, frame, opts, Dropped::Refuse)? {
+            Some((block, _)) => block,
+            None => {
+                parts.metrics.count_get(None);
+                return Ok(None);
+            }
+        };
+        parts.metrics.count_get(Some(block.len() as u64));
         let got = buf.len() as u64;
         let dst = buf.get_mut(..block.len()).ok_or(StoreError::BufferTooSmall { needed: block.len() as u64, got })?;
         dst.copy_from_slice(&block);
         Ok(Some((block.meta.clone(), block.len())))
     }
 
-    /// Gets many keys; a miss is `None` in its place.
+    /// Gets many keys; a miss is `None` in its place. Keys are read and decoded on every core at
+    /// once: one thread's device reads are in flight while another decodes.
     pub fn get_batch(&self, namespace: &str, keys: &[&str], opts: ReadOptions) -> Result<Vec<Option<Block>>> {
-        keys.iter().map(|k| self.get(namespace, k, opts)).collect()
+        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(keys.len());
+        if workers < 2 {
+            return keys.iter().map(|k| self.get(namespace, k, opts)).collect();
+        }
+        let per = keys.len().div_ceil(workers);
+        let chunks: Vec<Result<Vec<Option<Block>>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = keys
+                .chunks(per)
+                .map(|chunk| s.spawn(move || chunk.iter().map(|k| self.get(namespace, k, opts)).collect()))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| Err(StoreError::invalid("get_batch", "a reading thread panicked")))
+                })
+                .collect()
+        });
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in chunks {
+            out.extend(chunk?);
+        }
+        Ok(out)
     }
 
     /// Whether `key` names a stored, unexpired block. Does no I/O.
@@ -195,8 +240,12 @@ impl Store {
             let index = parts.index_read();
             index.content_slot_by_bytes(&prefix).and_then(|s| index.content(s).copied())
         };
-        match lookup() {
-            Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry)),
+        let frame = match lookup() {
+            Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry))?,
+            None => return Ok(None),
+        };
+        match frame {
+            Some(frame) => Ok(parts.decoded("", frame, opts, Dropped::Refuse)?.map(|(b, _)| b)),
             None => Ok(None),
         }
     }
@@ -204,7 +253,7 @@ impl Store {
 
 impl Parts {
     /// The block a live (stored, not expired) key names.
-    fn live_content(&self, kfp: &KeyFp) -> Option<ContentEntry> {
+    pub(super) fn live_content(&self, kfp: &KeyFp) -> Option<ContentEntry> {
         let index = self.index_read();
         let k = index.key(kfp).filter(|k| !is_expired(k, self.clock.now_unix_s()))?;
         index.content(k.content).copied()
@@ -309,7 +358,7 @@ impl Parts {
 
     /// Reads and checks a block record. `still_current` tells whether the index still points
     /// at it: if not, a mismatch is a race with reclaim (a plain miss), otherwise damage.
-    fn read_content(
+    pub(super) fn read_content(
         &self,
         entry: &ContentEntry,
         opts: ReadOptions,

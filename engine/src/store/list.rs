@@ -59,6 +59,8 @@ pub struct ListEntry {
     pub ttl_secs: u32,
     /// Whether the key shares stored bytes with an earlier key (a link record).
     pub deduplicated: bool,
+    /// The kind of codec its block is stored with (raw, lossless, quant, drop...).
+    pub codec: &'static str,
     /// Where this entry is: a listing from here continues after it.
     pub cursor: ListCursor,
 }
@@ -137,6 +139,7 @@ impl Parts {
             raw_len: h.raw_len,
             created_unix_ms: h.created_unix_ms,
             ttl_secs: h.ttl_secs,
+            codec: kvhoard_kernels::class_name(kvhoard_kernels::codec_class(&h.compression)),
             deduplicated: h.kind == RecordKind::Link,
             cursor,
         })

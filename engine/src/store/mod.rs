@@ -5,10 +5,12 @@
 //! - `append.rs`: how a record joins the log (hashed and built outside any lock, reserved in log
 //!   order, indexed, offered to the DRAM tier), opening or reclaiming segments as it goes;
 //! - `submit.rs`: writing reserved records and waiting for the written watermark;
-//! - `get.rs`: `get`, `get_into`, `meta`, `contains`, `get_by_hash`; `list.rs`: listings;
+//! - `get.rs`: `get`, `get_into`, `meta`, `contains`, `get_by_hash`; `decode.rs`: what a read
+//!   returns of a compressed block (`get_kv`, `get_frame`) and `recompress`; `list.rs`: listings;
 //! - `pin.rs`: pins; `stats.rs` and `prometheus.rs`: what the store reports.
 
 mod append;
+mod decode;
 mod get;
 mod list;
 mod pin;
@@ -19,7 +21,7 @@ mod submit;
 
 pub use get::{Resident, DIRECT_READ_MIN_BYTES};
 pub use list::{ListCursor, ListEntry, ListPage};
-pub use stats::{NamespaceStats, Stats};
+pub use stats::{CodecStats, NamespaceStats, PolicyStats, Stats};
 
 use std::fs::File;
 use std::path::Path;
@@ -28,17 +30,20 @@ use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
+use kvhoard_format::record::validate_namespace;
 use kvhoard_format::superblock::Superblock;
 
 use crate::buffer::BufferPool;
 use crate::checkpoint::{self, CheckpointStore, Checkpoints};
 use crate::clock::Clock;
+use crate::codec::Codecs;
 use crate::device::{open_volume, BlockDevice};
 use crate::error::{Result, StoreError};
 use crate::log::{Log, LogState};
 use crate::metrics::Metrics;
 use crate::options::{CreateOptions, StoreOptions};
 use crate::parts::Parts;
+use crate::policy::{Policies, Policy};
 use crate::reclaim::pins::Pins;
 use crate::recovery::{recover, RecoveryReport};
 use crate::tier::Tiers;
@@ -155,6 +160,7 @@ impl Store {
         lock: Option<File>,
     ) -> Result<Store> {
         let recovered = recover(dev.as_ref(), &sb, &checkpoint_store)?;
+        let dev_for_policies = Arc::clone(&dev);
         tracing::info!(
             checkpoint = ?recovered.report.checkpoint_seq,
             segments_replayed = recovered.report.segments_replayed,
@@ -178,6 +184,8 @@ impl Store {
             pins: Pins::default(),
             placement: Arc::clone(&opts.placement),
             pool: BufferPool::new(64, opts.buffer_pool_bytes),
+            codecs: Codecs::default(),
+            policies: Policies::load(volume::read_policies(dev_for_policies.as_ref())),
             metrics: Metrics::default(),
             clock: opts.clock.clone(),
             recovery: recovered.report,
@@ -215,6 +223,31 @@ impl Store {
     /// [`StoreError::BlockTooLarge`], which gives the exact limit for that record.
     pub fn max_block_bytes(&self) -> u64 {
         crate::log::max_payload_bytes(self.parts.log.sb.segment_units(), kvhoard_format::UNIT_BYTES as usize)
+    }
+
+    /// The policy of `namespace`: its default codec and whether lossy codecs may be applied.
+    pub fn policy(&self, namespace: &str) -> Policy {
+        self.parts.policies.get(namespace)
+    }
+
+    /// Every namespace policy set on this volume.
+    pub fn policies(&self) -> Vec<(String, Policy)> {
+        self.parts.policies.all()
+    }
+
+    /// Sets `namespace`'s policy, durably (it is kept with the superblock). Blocks already
+    /// stored keep their codec; puts from now on follow the new policy.
+    pub fn set_policy(&self, namespace: &str, policy: Policy) -> Result<()> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        policy.validate()?;
+        let parts = &self.parts;
+        // One writer of the superblock at a time: the log lock, which nothing holds for long.
+        let _state = parts.log.lock();
+        let stored = parts.policies.with(namespace, policy);
+        volume::write_superblocks(parts.log.dev.as_ref(), &parts.log.sb, &stored)?;
+        parts.policies.set(namespace, policy);
+        Ok(())
     }
 
     /// Frees the store's I/O buffers that have been unused for `idle` or longer (the pool keeps

@@ -35,7 +35,36 @@ impl Stats {
         ] {
             metric(name, "gauge", help, &one(v));
         }
+        let per_codec = |f: fn(&super::CodecStats) -> u64| -> Vec<(String, f64)> {
+            self.codecs.iter().map(|c| (format!("{{codec=\"{}\"}}", c.codec), f(c) as f64)).collect()
+        };
+        metric("codec_blocks", "gauge", "Distinct blocks per kind of codec.", &per_codec(|c| c.blocks));
+        metric(
+            "codec_logical_bytes",
+            "gauge",
+            "Original bytes of the blocks per kind of codec.",
+            &per_codec(|c| c.logical_bytes),
+        );
+        metric(
+            "codec_stored_bytes",
+            "gauge",
+            "Bytes the blocks' records occupy per kind of codec.",
+            &per_codec(|c| c.stored_bytes),
+        );
+        let per_ns = |f: fn(&super::NamespaceStats) -> u64| -> Vec<(String, f64)> {
+            self.namespaces.iter().map(|n| (format!("{{namespace=\"{}\"}}", label(&n.name)), f(n) as f64)).collect()
+        };
+        metric(
+            "namespace_unique_bytes",
+            "gauge",
+            "Original bytes of a namespace's distinct blocks.",
+            &per_ns(|n| n.unique_bytes),
+        );
+        metric("namespace_stored_bytes", "gauge", "Bytes a namespace's records occupy.", &per_ns(|n| n.stored_bytes));
         for (name, help, v) in [
+            ("compressed_total", "Blocks the store compressed on put.", self.compressed),
+            ("codec_skipped_total", "Blocks a codec could not take, stored as they were.", self.codec_skipped),
+            ("decoded_total", "Blocks decoded on reads.", self.decoded),
             ("puts_total", "Blocks put (including deduplicated ones).", self.puts),
             ("put_bytes_total", "Bytes written for puts.", self.put_bytes),
             ("dedup_hits_total", "Puts whose bytes were already stored.", self.dedup_hits),
@@ -101,4 +130,9 @@ impl Stats {
         }
         out
     }
+}
+
+/// A label value escaped as the exposition format asks (backslash, quote, newline).
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }

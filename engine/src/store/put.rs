@@ -8,6 +8,7 @@ use kvhoard_format::{BlockDesc, CompressionMeta};
 use super::append::{Prepared, SOURCE_CHANGED};
 use super::submit::WriteJob;
 use super::Store;
+use crate::block::BlockMeta;
 use crate::error::{Result, StoreError};
 use crate::index::{header_fp, key_fp};
 use crate::log::Pos;
@@ -35,6 +36,16 @@ impl Store {
             .iter()
             .map(|(key, bytes)| Ok((self.checked_header(namespace, key, bytes, opts, now)?, *bytes)))
             .collect::<Result<Vec<_>>>()?;
+        // Bytes the caller compressed are stored as given; others with the codec asked for, or
+        // the namespace's.
+        let policy = parts.policies.get(namespace);
+        let codec = match &opts.compression {
+            Some(meta) => {
+                policy.allows_frame(namespace, meta)?;
+                None
+            }
+            None => policy.codec_for(namespace, opts.codec)?,
+        };
         // A large batch is prepared (hashed, checksummed, copied) in groups, the next group
         // while the last one is written, so that the disk is not idle while the CPUs hash, and
         // only a few groups of record buffers exist at once.
@@ -48,14 +59,14 @@ impl Store {
         };
         if groups.len() <= 1 {
             for group in groups {
-                write(self.prepare_parallel(namespace, group)?)?;
+                write(self.prepare_parallel(namespace, group, codec)?)?;
             }
         } else {
             std::thread::scope(|s| {
                 let (tx, rx) = std::sync::mpsc::sync_channel(1);
                 s.spawn(move || {
                     for group in groups {
-                        let prepared = self.prepare_parallel(namespace, group);
+                        let prepared = self.prepare_parallel(namespace, group, codec);
                         let failed = prepared.is_err();
                         // The receiver stops on the first error, its own or this one.
                         if tx.send(prepared).is_err() || failed {
@@ -74,7 +85,7 @@ impl Store {
 
     /// Reserves and submits `items` in log order (several reservations when they span segments);
     /// returns the end of the last record.
-    fn append_all(&self, items: &mut [Prepared<'_>], durability: Durability) -> Result<Pos> {
+    pub(super) fn append_all(&self, items: &mut [Prepared<'_>], durability: Durability) -> Result<Pos> {
         let mut last_end = Pos::default();
         let mut rest = items;
         while !rest.is_empty() {
@@ -136,14 +147,7 @@ impl Store {
             return Ok(false);
         };
         let now = parts.clock.now_unix_ms();
-        let ttl_secs = match meta.ttl_secs {
-            0 => 0,
-            ttl => {
-                let expires_ms = meta.created_unix_ms.saturating_add(u64::from(ttl) * 1000);
-                // Expiring within the second still leaves the key one second; never 0 (= never).
-                u32::try_from(expires_ms.saturating_sub(now).div_ceil(1000).max(1)).unwrap_or(u32::MAX)
-            }
-        };
+        let ttl_secs = remaining_ttl(&meta, now);
         let link = RecordHeader {
             kind: RecordKind::Link,
             segment_seq: 0,
@@ -220,6 +224,40 @@ impl Store {
             return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
         }
         Ok(header)
+    }
+}
+
+/// The TTL a record written at `now` gives a block that keeps `meta`'s expiry: 0 (none) for a
+/// block without one; never 0 otherwise (expiring within the second still leaves it a second).
+pub(super) fn remaining_ttl(meta: &BlockMeta, now: u64) -> u32 {
+    match meta.ttl_secs {
+        0 => 0,
+        ttl => {
+            let expires_ms = meta.created_unix_ms.saturating_add(u64::from(ttl) * 1000);
+            u32::try_from(expires_ms.saturating_sub(now).div_ceil(1000).max(1)).unwrap_or(u32::MAX)
+        }
+    }
+}
+
+/// The block record that replaces `meta`'s block under `key` with the same name, description,
+/// group, parent and expiry; its payload fields (lengths, crc, codec) are the caller's to fill.
+pub(super) fn replacement(namespace: &str, key: &str, meta: &BlockMeta, now: u64) -> RecordHeader {
+    RecordHeader {
+        kind: RecordKind::Block,
+        segment_seq: 0,
+        payload_crc: 0,
+        namespace: namespace.to_string(),
+        key: key.to_string(),
+        content_hash: meta.content_hash,
+        raw_len: meta.raw_len,
+        stored_len: 0,
+        created_unix_ms: now,
+        ttl_secs: remaining_ttl(meta, now),
+        group_id: meta.group_id,
+        parent_hash: meta.parent_hash,
+        desc: meta.desc.clone(),
+        compression: CompressionMeta::none(),
+        recovered: false,
     }
 }
 

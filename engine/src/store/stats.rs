@@ -28,6 +28,30 @@ pub struct NamespaceStats {
     pub stored_bytes: u64,
 }
 
+/// The blocks stored with one kind of codec.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CodecStats {
+    /// The kind: raw, lossless, quant, drop, drop+lossless, drop+quant, unknown.
+    pub codec: String,
+    /// Distinct blocks.
+    pub blocks: u64,
+    /// Their original (decoded) bytes.
+    pub logical_bytes: u64,
+    /// Bytes their records occupy.
+    pub stored_bytes: u64,
+}
+
+/// A namespace's policy, as `stat` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PolicyStats {
+    /// Namespace.
+    pub namespace: String,
+    /// Default codec (`raw`: none).
+    pub codec: String,
+    /// Whether lossy codecs may be applied.
+    pub lossy: bool,
+}
+
 /// A snapshot of the store's state and counters.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[expect(missing_docs, reason = "the counters are named for what they count; docs/operations.md explains them")]
@@ -49,6 +73,16 @@ pub struct Stats {
     pub dedup_saved_bytes: u64,
     pub index_memory_bytes: u64,
     pub namespaces: Vec<NamespaceStats>,
+    /// Blocks per kind of codec: logical (original) against stored bytes.
+    pub codecs: Vec<CodecStats>,
+    /// Namespace policies set on the volume.
+    pub policies: Vec<PolicyStats>,
+    /// Blocks the store compressed on put, since it was opened.
+    pub compressed: u64,
+    /// Blocks a codec was asked for but could not take, stored as they were.
+    pub codec_skipped: u64,
+    /// Blocks decoded on reads.
+    pub decoded: u64,
     pub puts: u64,
     pub put_bytes: u64,
     pub dedup_hits: u64,
@@ -121,6 +155,26 @@ impl Store {
                 }
             })
             .collect();
+        let codecs = index
+            .codec_totals()
+            .into_iter()
+            .map(|(class, (blocks, logical_bytes, stored_bytes))| CodecStats {
+                codec: kvhoard_kernels::class_name(class).to_string(),
+                blocks,
+                logical_bytes,
+                stored_bytes,
+            })
+            .collect();
+        let policies = parts
+            .policies
+            .all()
+            .into_iter()
+            .map(|(namespace, p)| PolicyStats {
+                namespace,
+                codec: p.codec.map_or_else(|| "raw".to_string(), |c| c.to_string()),
+                lossy: p.lossy,
+            })
+            .collect();
         let sum = |f: fn(&NamespaceStats) -> u64| namespaces.iter().map(f).sum::<u64>();
         let tiers = parts.tier_stats(sum(|n| n.stored_bytes), index.block_count());
         let m = &parts.metrics;
@@ -141,6 +195,11 @@ impl Store {
             dedup_saved_bytes: sum(|n| n.logical_bytes).saturating_sub(sum(|n| n.unique_bytes)),
             index_memory_bytes: index.memory_bytes(),
             namespaces,
+            codecs,
+            policies,
+            compressed: get(&m.compressed),
+            codec_skipped: get(&m.codec_skipped),
+            decoded: get(&m.decoded),
             puts: get(&m.puts),
             put_bytes: get(&m.put_bytes),
             dedup_hits: get(&m.dedup_hits),

@@ -736,26 +736,41 @@ fn a_damaged_block_read_directly_is_a_counted_miss_not_garbage() {
 }
 
 #[test]
-fn get_into_returns_the_stored_bytes_of_compressed_and_cached_blocks() {
+fn get_into_decodes_compressed_blocks_and_reads_cached_ones() {
     let (_dev, s) = dram_store(8, 4 << 20);
     let raw = block(3, 300_000);
     s.put("default", "cached", &raw, &synced()).unwrap();
     let mut buf = crate::AlignedBuf::zeroed(300_000);
     assert_eq!(s.get_into("default", "cached", &mut buf, ReadOptions::default()).unwrap().unwrap().1, 300_000);
     assert!(buf[..300_000] == raw[..]);
+    // A block compressed by the store is decoded into the caller's buffer.
     let (_dev, s) = mem_store(8);
+    let synth = kvhoard_kernels::synth::Synth::new(2, 64, 2, 64, 5);
+    let kv = synth.generate();
+    let opts =
+        PutOptions { desc: Some(synth.desc.desc()), codec: Some(kvhoard_kernels::CodecSpec::lossless(1)), ..synced() };
+    s.put("default", "packed", &kv, &opts).unwrap();
+    let mut buf = crate::AlignedBuf::zeroed(kv.len());
+    let (meta, n) = s.get_into("default", "packed", &mut buf, ReadOptions { verify_hash: true }).unwrap().unwrap();
+    assert_eq!((n as u64, meta.raw_len), (kv.len() as u64, kv.len() as u64));
+    assert!(meta.stored_len < meta.raw_len);
+    assert!(buf[..n] == kv[..]);
+    assert_eq!(s.stats().direct_reads, 0);
+    // A codec this build does not know: a clear error for a decoded read, the frame as stored.
+    s.set_policy("default", crate::Policy { codec: None, lossy: true }).unwrap();
     let stored = block(4, 200_000);
     let opts = PutOptions {
         compression: Some(kvhoard_format::record::CompressionMeta { codec_id: 7, codec_version: 1, params: vec![1] }),
         raw: Some((raw.len() as u64, *blake3::hash(&raw).as_bytes())),
         ..synced()
     };
-    s.put("default", "packed", &stored, &opts).unwrap();
-    let mut buf = crate::AlignedBuf::zeroed(300_000);
-    let (meta, n) = s.get_into("default", "packed", &mut buf, ReadOptions::default()).unwrap().unwrap();
-    assert_eq!((n, meta.raw_len, meta.compression.codec_id), (200_000, 300_000, 7));
-    assert!(buf[..n] == stored[..]);
-    assert_eq!(s.stats().direct_reads, 0);
+    s.put("default", "foreign", &stored, &opts).unwrap();
+    assert!(matches!(
+        s.get_into("default", "foreign", &mut buf, ReadOptions::default()),
+        Err(StoreError::Codec { .. })
+    ));
+    let frame = s.get_frame("default", "foreign", ReadOptions::default()).unwrap().unwrap();
+    assert!(frame[..] == stored[..]);
 }
 
 #[test]

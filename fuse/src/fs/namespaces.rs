@@ -137,7 +137,8 @@ impl KvFs {
     /// A rename across namespaces: the bytes are stored again under the new name (which appears
     /// whole when the put returns), then the old name goes.
     fn copy_then_delete(&self, from: &Name, to: &Name) -> Result<(), Errno> {
-        let block = match self.store.get(&from.0, &from.1, ReadOptions::default()) {
+        // The stored form, moved as it is (a compressed block is not decoded and compressed again).
+        let block = match self.store.get_frame(&from.0, &from.1, ReadOptions::default()) {
             Ok(Some(b)) => b,
             Ok(None) => return Err(Errno::ENOENT),
             Err(e) => return Err(store_errno(&e)),
@@ -152,6 +153,7 @@ impl KvFs {
             desc: Some(meta.desc.clone()),
             compression: compressed.then(|| meta.compression.clone()),
             raw: compressed.then_some((meta.raw_len, meta.content_hash)),
+            codec: None,
         };
         self.store.put(&to.0, &to.1, &block, &opts).map_err(|e| store_errno(&e))?;
         drop(block);

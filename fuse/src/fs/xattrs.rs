@@ -2,7 +2,6 @@
 //! stored block is. Read-only.
 
 use fuser::{Errno, ReplyXattr};
-use kvhoard_engine::format::CompressionMeta;
 use kvhoard_engine::ReadOptions;
 
 use super::{store_errno, KvFs};
@@ -46,7 +45,7 @@ impl KvFs {
         let Some(m) = meta else { return Err(Errno::ENOENT) };
         Ok(match attr {
             "hash" => Some(kvhoard_engine::format::hex::encode(&m.content_hash)),
-            "codec" => Some(CompressionMeta::codec_name(m.compression.codec_id)),
+            "codec" => Some(m.codec()),
             "tier" => Some(if self.store.in_dram(ns, &m) { "dram" } else { "ssd" }.to_string()),
             "ttl" => Some(m.ttl_secs.to_string()),
             "group" => m.group_id.map(|g| g.to_string()),

@@ -160,6 +160,14 @@ impl CpuCodec {
         Ok(CpuCodec { spec, contexts: lossless::Contexts::new(), gathered: Vec::new(), floats: Vec::new() })
     }
 
+    /// Compresses with `spec` from now on, keeping the codec's contexts (a pool of codecs serves
+    /// blocks of any configuration without making new contexts).
+    pub fn set_spec(&mut self, spec: CodecSpec) -> Result<(), Error> {
+        spec.validate()?;
+        self.spec = spec;
+        Ok(())
+    }
+
     /// A codec for decoding only (any payload decodes, whatever the spec).
     pub fn decoder() -> CpuCodec {
         CpuCodec { spec: CodecSpec::RAW, contexts: lossless::Contexts::new(), gathered: Vec::new(), floats: Vec::new() }

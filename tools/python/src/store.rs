@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use kvhoard_engine::format::{BlockDesc, Dtype, Layout};
-use kvhoard_engine::{BlockMeta, CreateOptions, Durability, PutOptions, ReadOptions, StoreOptions};
+use kvhoard_engine::{
+    BlockMeta, CodecSpec, CreateOptions, Durability, Policy, Positions, PutOptions, ReadOptions, StoreOptions,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -84,16 +86,22 @@ impl Store {
     /// `desc=(layout, dtype, shape)` says what the bytes are (for example
     /// `("kv_2ltd", "bf16", (2, 32, 256, 1024))`); `describe` returns it. Without it the block is
     /// opaque bytes.
-    #[pyo3(signature = (key, data, *, desc=None))]
+    ///
+    /// `codec` (a codec spec, e.g. `"lossless"`, `"quant:bits=4"`, `"raw"`) compresses the block
+    /// in the store; without it the namespace's default applies (see `set_policy`). A lossy
+    /// codec is refused where the namespace denies them; a block the codec cannot take (no
+    /// description) is stored as it is. `get` returns the block decoded.
+    #[pyo3(signature = (key, data, *, desc=None, codec=None))]
     fn put<'py>(
         &self,
         py: Python<'py>,
         key: &str,
         data: &Bound<'py, PyAny>,
         desc: Option<DescArg>,
+        codec: Option<&str>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let region = Region::readable(data)?;
-        let opts = self.put_options(desc.map(DescArg::into_desc).transpose()?);
+        let opts = PutOptions { codec: parse_codec(codec)?, ..self.put_options(desc.map(DescArg::into_desc).transpose()?) };
         // SAFETY: the caller does not write to `data` during the call (see `Region::bytes`).
         let hash = py
             .detach(|| self.engine.put(&self.namespace, key, unsafe { region.bytes() }, &opts))
@@ -129,6 +137,63 @@ impl Store {
         Ok(block.map(|b| PyBytes::new(py, &b)))
     }
 
+    /// The block under `key` decoded, and which original tokens it holds: `(bytes, None)` when
+    /// it holds them all, `(bytes, [positions])` when its codec kept one set of tokens, `(bytes,
+    /// [[positions] per layer and head])` when it kept a set per head; None on a miss. The only
+    /// read that returns a block whose codec dropped tokens.
+    fn get_kv<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<(Bound<'py, PyBytes>, Py<PyAny>)>> {
+        let got =
+            py.detach(|| self.engine.get_kv(&self.namespace, key, ReadOptions::default())).map_err(engine_error)?;
+        let Some((block, positions)) = got else { return Ok(None) };
+        let positions: Py<PyAny> = match positions {
+            Positions::All => py.None(),
+            Positions::Shared(kept) => kept.into_pyobject(py)?.into_any().unbind(),
+            Positions::PerHead { kept, layers, heads } => {
+                let per = kept.len() / (layers * heads).max(1);
+                let sets: Vec<Vec<u32>> = kept.chunks(per.max(1)).map(<[u32]>::to_vec).collect();
+                sets.into_pyobject(py)?.into_any().unbind()
+            }
+        };
+        Ok(Some((PyBytes::new(py, &block), positions)))
+    }
+
+    /// The block under `key` as stored (the codec's output, untouched) and its description
+    /// (see `describe`; `codec_params` holds the codec's parameters), for a client that decodes
+    /// itself; None on a miss.
+    fn get_frame<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyDict>)>> {
+        let got =
+            py.detach(|| self.engine.get_frame(&self.namespace, key, ReadOptions::default())).map_err(engine_error)?;
+        let Some(frame) = got else { return Ok(None) };
+        let meta = describe_dict(py, &frame.meta)?;
+        meta.set_item("codec_params", PyBytes::new(py, &frame.meta.compression.params))?;
+        Ok(Some((PyBytes::new(py, &frame), meta)))
+    }
+
+    /// Rewrites the block under `key` with `codec` (e.g. from lossless to `"quant:bits=8"`, or
+    /// 8-bit to 4-bit); readers see the old or the new form, whole. False if the key is gone or
+    /// changed meanwhile.
+    fn recompress(&self, py: Python<'_>, key: &str, codec: &str) -> PyResult<bool> {
+        let spec = parse_codec(Some(codec))?.unwrap_or(CodecSpec::RAW);
+        py.detach(|| self.engine.recompress(&self.namespace, key, spec, self.put.durability)).map_err(engine_error)
+    }
+
+    /// Sets a namespace's policy (kept with the volume): its default codec (None: store blocks
+    /// as they are) and whether lossy codecs may be applied in it.
+    #[pyo3(signature = (namespace, *, codec=None, lossy=false))]
+    fn set_policy(&self, py: Python<'_>, namespace: &str, codec: Option<&str>, lossy: bool) -> PyResult<()> {
+        let policy = Policy { codec: parse_codec(codec)?.filter(|c| !c.is_raw()), lossy };
+        py.detach(|| self.engine.set_policy(namespace, policy)).map_err(engine_error)
+    }
+
+    /// A namespace's policy: `{"codec": spec or None, "lossy": bool}`.
+    fn policy<'py>(&self, py: Python<'py>, namespace: &str) -> PyResult<Bound<'py, PyDict>> {
+        let p = self.engine.policy(namespace);
+        let d = PyDict::new(py);
+        d.set_item("codec", p.codec.map(|c| c.to_string()))?;
+        d.set_item("lossy", p.lossy)?;
+        Ok(d)
+    }
+
     /// Whether `key` is stored (and not expired). No I/O.
     fn contains(&self, key: &str) -> PyResult<bool> {
         self.engine.contains(&self.namespace, key).map_err(engine_error)
@@ -153,14 +218,18 @@ impl Store {
 
     /// Stores many blocks; returns their hashes. `descs`, if given, holds one `desc` (see `put`)
     /// or None per block. Blocks with the same description are committed together.
-    #[pyo3(signature = (keys, data, *, descs=None))]
+    /// `codec` as for `put`, for every block; compression runs on every core, overlapped with
+    /// the writes.
+    #[pyo3(signature = (keys, data, *, descs=None, codec=None))]
     fn put_batch<'py>(
         &self,
         py: Python<'py>,
         keys: Vec<String>,
         data: Vec<Bound<'py, PyAny>>,
         descs: Option<Vec<Option<DescArg>>>,
+        codec: Option<&str>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let codec = parse_codec(codec)?;
         same_length(keys.len(), data.len())?;
         let descs = match descs {
             Some(d) => {
@@ -176,7 +245,7 @@ impl Store {
                 let mut start = 0;
                 for group in descs.chunk_by(|a, b| a == b) {
                     let end = start + group.len();
-                    let opts = self.put_options(group.first().cloned().flatten());
+                    let opts = PutOptions { codec, ..self.put_options(group.first().cloned().flatten()) };
                     // SAFETY: the caller does not write to the buffers during the call.
                     let items: Vec<(&str, &[u8])> = keys[start..end]
                         .iter()
@@ -266,6 +335,13 @@ impl Store {
     }
 }
 
+/// A codec spec from Python (None: the namespace's default).
+fn parse_codec(codec: Option<&str>) -> PyResult<Option<CodecSpec>> {
+    codec
+        .map(|c| CodecSpec::parse(c).map_err(|e| PyValueError::new_err(format!("codec {c:?}: {e}"))))
+        .transpose()
+}
+
 /// `(layout, dtype, shape)` as Python passes it.
 #[derive(FromPyObject)]
 pub(crate) struct DescArg(String, String, Vec<u64>);
@@ -295,6 +371,7 @@ fn describe_dict<'py>(py: Python<'py>, meta: &BlockMeta) -> PyResult<Bound<'py, 
     d.set_item("dtype", meta.desc.dtype.name())?;
     d.set_item("shape", meta.desc.shape.clone())?;
     d.set_item("compressed", meta.compression.codec_id != kvhoard_engine::format::record::CompressionMeta::CODEC_NONE)?;
+    d.set_item("codec", meta.codec())?;
     d.set_item("created_unix_ms", meta.created_unix_ms)?;
     Ok(d)
 }

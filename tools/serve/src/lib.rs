@@ -110,6 +110,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
             i32::MAX
         )));
     }
+    check_codecs(&store, &opts)?;
     if opts.inflight_bytes < opts.max_object_bytes {
         return Err(ServeError::Invalid(format!(
             "in-flight budget {} bytes is smaller than the largest object ({} bytes); raise it or lower the max object size",
@@ -184,6 +185,27 @@ async fn trim_idle_buffers(shared: Arc<Shared>) {
             tracing::debug!(freed, "freed idle buffers");
         }
     }
+}
+
+/// Refuses to serve with a codec lm:// and RESP clients could not take back (one that drops
+/// tokens: they read whole blocks), or one the namespace's policy denies.
+fn check_codecs(store: &Store, opts: &ServeOptions) -> Result<(), ServeError> {
+    let served =
+        [(opts.lm.is_some(), &opts.lm_namespace, "lm://"), (opts.resp.is_some(), &opts.resp_namespace, "RESP")];
+    for (_, namespace, what) in served.iter().filter(|(on, _, _)| *on) {
+        let policy = store.policy(namespace);
+        let codec = opts.codec.or(policy.codec);
+        if let Some(spec) = codec.filter(|c| c.drops_tokens()) {
+            return Err(ServeError::Invalid(format!(
+                "namespace {namespace:?} is served over {what}, whose clients read whole blocks, but its codec {spec} drops \
+                 tokens; choose a codec without a drop stage (kvhoard ns set / --codec)"
+            )));
+        }
+        if let Err(e) = policy.codec_for(namespace, opts.codec) {
+            return Err(ServeError::Invalid(format!("--codec for {what}: {e}")));
+        }
+    }
+    Ok(())
 }
 
 fn network_threads(asked: usize) -> usize {

@@ -39,6 +39,9 @@ pub struct ServeOptions {
     pub durability: Durability,
     /// TTL given to every stored object, unless the client sets one (RESP `SET ... EX`).
     pub ttl_secs: Option<u32>,
+    /// Codec for what arrives (`None`: each namespace's default). Never one that drops tokens:
+    /// lm:// and RESP clients read back whole blocks.
+    pub codec: Option<kvhoard_engine::CodecSpec>,
     /// Runtime threads for the network; 0 picks one per CPU (at most 64). The kernel copies a
     /// payload into the socket in the context of the thread that sends it, so one thread would
     /// serve every connection's sends from one core.
@@ -65,6 +68,7 @@ impl Default for ServeOptions {
             idle_timeout: None,
             durability: Durability::Written,
             ttl_secs: None,
+            codec: None,
             threads: 0,
             blocking_threads: 64,
         }

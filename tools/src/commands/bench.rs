@@ -23,6 +23,7 @@ use anyhow::{ensure, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions, VolumeFiles};
 use kvhoard_kernels::rng::Rng;
+use kvhoard_kernels::synth::Synth;
 use serde_json::json;
 
 use crate::size::human;
@@ -64,6 +65,12 @@ pub struct BenchFlags {
     /// Number of blocks (restart).
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub blocks: u64,
+    /// Store the blocks with this codec (throughput): the blocks are then synthetic KV caches
+    /// (bf16, 256 tokens of 8 heads × 128 channels per layer, one layer per MiB) that codecs can
+    /// compress, instead of random bytes; MB/s count the original bytes, `stored_ratio` is
+    /// stored ÷ original.
+    #[arg(long, value_parser = crate::flags::parse_codec, value_name = "SPEC")]
+    pub codec: Option<kvhoard_engine::CodecSpec>,
     /// Bytes of unused record buffers the engine keeps for reuse (0 disables the pool).
     #[arg(long, value_parser = crate::size::parse_size, default_value = "256MiB", value_name = "SIZE")]
     pub buffer_pool: u64,
@@ -93,6 +100,7 @@ pub struct BenchArgs {
     pub direct_io: bool,
     pub io_backend: kvhoard_engine::IoBackend,
     pub buffer_pool_bytes: usize,
+    pub codec: Option<kvhoard_engine::CodecSpec>,
 }
 
 impl BenchArgs {
@@ -117,6 +125,7 @@ impl BenchArgs {
             direct_io,
             io_backend,
             buffer_pool_bytes: flags.buffer_pool as usize,
+            codec: flags.codec,
         }
     }
 }
@@ -201,7 +210,22 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         Store::create(dir, &CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: segment }, opts)
             .with_context(|| format!("cannot create the benchmark volume in {}", dir.display()))?;
     let show = !a.json && std::io::stderr().is_terminal();
-    let put_opts = PutOptions { durability: a.durability, ..PutOptions::default() };
+    // With a codec: KV blocks a codec can compress, a few generated before the clock starts.
+    let (desc, base) = match a.codec {
+        Some(spec) => {
+            const LAYER: u64 = 2 * 256 * 1024 * 2;
+            ensure!(
+                a.block_size.is_multiple_of(LAYER),
+                "--codec needs --block-size a multiple of 1 MiB (a layer of 256 tokens × 1024 bf16 channels, K and V)"
+            );
+            let layers = u32::try_from(a.block_size / LAYER).context("--block-size is too large")?;
+            store.set_policy("bench", kvhoard_engine::Policy { codec: Some(spec), lossy: true })?;
+            let blocks: Vec<Vec<u8>> = (0..8).map(|seed| Synth::new(layers, 256, 8, 128, seed).generate()).collect();
+            (Some(Synth::new(layers, 256, 8, 128, 0).desc.desc()), blocks)
+        }
+        None => (None, Vec::new()),
+    };
+    let put_opts = PutOptions { durability: a.durability, desc, ..PutOptions::default() };
 
     let progress = bar(count * 2, show);
     let cpu0 = cpu_seconds();
@@ -213,7 +237,10 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         bufs.resize_with(ids.len(), Vec::new);
         for (buf, &i) in bufs.iter_mut().zip(&ids) {
             if buf.is_empty() {
-                *buf = noise(i, a.block_size as usize);
+                *buf = match base.get(i as usize % base.len().max(1)) {
+                    Some(kv) => kv.clone(),
+                    None => noise(i, a.block_size as usize),
+                };
             }
             // Distinct bytes per block, so deduplication does not skip any write.
             stamp(buf, i);
@@ -267,6 +294,8 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         );
     }
     drop(store);
+    let bench_ns = stats.namespaces.iter().find(|n| n.name == "bench");
+    let stored_ratio = bench_ns.map_or(1.0, |n| n.stored_bytes as f64 / n.unique_bytes.max(1) as f64);
     let bytes = (count * a.block_size) as f64;
     let mbps = |d: Duration| bytes / d.as_secs_f64().max(1e-9) / 1e6;
     let gb = bytes / 1e9;
@@ -293,6 +322,8 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "syncs": stats.syncs,
         "tier": if a.tier == Tier::Dram { "dram" } else { "ssd" },
         "get_mbps_per_thread": round1(mbps(get_time) / a.threads as f64),
+        "codec": a.codec.map_or_else(|| "none (random bytes)".to_string(), |c| c.to_string()),
+        "stored_ratio": round3(stored_ratio),
     });
     if a.compare_files {
         let files = dir.join("files");

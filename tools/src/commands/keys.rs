@@ -5,21 +5,55 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use kvhoard_engine::{Durability, PutOptions, ReadOptions, StoreOptions};
+use kvhoard_engine::format::{BlockDesc, Dtype, Layout};
+use kvhoard_engine::{CodecSpec, Durability, PutOptions, ReadOptions, StoreOptions};
 
 use super::{hex, open};
 use crate::EXIT_NOT_FOUND;
 
-#[expect(clippy::too_many_arguments, reason = "one argument per command-line option of `put`, passed straight through")]
+/// The options of `put`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PutFlags {
+    /// Seconds until the key expires.
+    #[arg(long, value_name = "SECS")]
+    pub ttl: Option<u32>,
+    /// Group (context) id the block belongs to.
+    #[arg(long, value_name = "G")]
+    pub group: Option<u64>,
+    /// When to acknowledge: buffered (in memory), written (write completed), synced (after
+    /// fdatasync; survives power loss).
+    #[arg(long, default_value = "synced", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
+    pub durability: Durability,
+    /// Codec to store the block with (the syntax of `kvhoard bench codecs`, e.g. `lossless`,
+    /// `quant:bits=4`, `raw`); the namespace's default when not given. A codec needs the block's
+    /// dtype, layout and shape; a block it cannot take is stored as it is.
+    #[arg(long, value_parser = crate::flags::parse_codec, value_name = "SPEC")]
+    pub codec: Option<CodecSpec>,
+    /// Element type of the block: bytes, f16, bf16, f32, f64, u8, f8e4m3, f8e5m2.
+    #[arg(long, value_parser = crate::flags::parse_dtype, value_name = "DTYPE", requires_all = ["layout", "shape"])]
+    pub dtype: Option<Dtype>,
+    /// Layout of the block: opaque, kv_2ltd, vllm_paged, kv_t2d, kv_2td, binary, binary_buffer,
+    /// kv_mla, ec_td, hs_td.
+    #[arg(long, value_parser = crate::flags::parse_layout, value_name = "LAYOUT", requires_all = ["dtype", "shape"])]
+    pub layout: Option<Layout>,
+    /// Shape of the block, outermost first, comma separated (e.g. 2,4,256,512).
+    #[arg(long, value_parser = crate::flags::parse_shape, value_name = "DIMS", requires_all = ["dtype", "layout"])]
+    pub shape: Option<Shape>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A block's shape from the command line.
+#[derive(Debug, Clone)]
+pub struct Shape(pub Vec<u64>);
+
 pub fn put(
     volume: &Path,
     namespace: &str,
     key: &str,
     file: Option<&Path>,
-    ttl: Option<u32>,
-    group: Option<u64>,
-    durability: Durability,
-    json: bool,
+    flags: &PutFlags,
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
     let bytes = match file {
@@ -30,15 +64,34 @@ pub fn put(
             buf
         }
     };
+    let desc = match (flags.dtype, flags.layout, &flags.shape) {
+        (Some(dtype), Some(layout), Some(Shape(shape))) => {
+            let desc = BlockDesc { dtype, layout, shape: shape.clone() };
+            desc.validate(bytes.len() as u64).with_context(|| {
+                format!("--dtype {dtype} --layout {layout} --shape does not describe the {} bytes given", bytes.len())
+            })?;
+            Some(desc)
+        }
+        _ => None,
+    };
     let store = open(volume, opts)?;
-    let hash = store
-        .put(namespace, key, &bytes, &PutOptions { ttl_secs: ttl, group, durability, ..PutOptions::default() })
-        .with_context(|| format!("cannot store {key:?}"))?;
+    let put = PutOptions {
+        ttl_secs: flags.ttl,
+        group: flags.group,
+        durability: flags.durability,
+        desc,
+        codec: flags.codec,
+        ..PutOptions::default()
+    };
+    let hash = store.put(namespace, key, &bytes, &put).with_context(|| format!("cannot store {key:?}"))?;
+    let meta = store.meta(namespace, key)?;
     store.close()?;
-    if json {
+    if flags.json {
+        let (codec, stored) = meta.map_or(("raw".to_string(), bytes.len() as u64), |m| (m.codec(), m.stored_len));
         println!(
             "{}",
-            serde_json::json!({ "namespace": namespace, "key": key, "bytes": bytes.len(), "content_hash": hex(&hash) })
+            serde_json::json!({ "namespace": namespace, "key": key, "bytes": bytes.len(), "content_hash": hex(&hash),
+                                "codec": codec, "stored_bytes": stored })
         );
     } else {
         println!("{}", hex(&hash));

@@ -31,13 +31,15 @@ pub fn run(
                 let line = serde_json::json!({
                     "key": e.key, "bytes": e.raw_len, "content_hash": hex(&e.content_hash),
                     "created_unix_ms": e.created_unix_ms, "ttl_secs": e.ttl_secs, "deduplicated": e.deduplicated,
+                    "codec": e.codec,
                 });
                 writeln!(out, "{line}")
             } else if long {
                 writeln!(
                     out,
-                    "{:>10}  {}  {}  {}",
+                    "{:>10}  {:<13}  {}  {}  {}",
                     human(e.raw_len),
+                    e.codec,
                     e.created_unix_ms,
                     &hex(&e.content_hash)[..16],
                     e.key

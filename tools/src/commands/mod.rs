@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod keys;
 pub mod ls;
 pub mod mount;
+pub mod ns;
 pub mod serve;
 pub mod signals;
 pub mod stat;

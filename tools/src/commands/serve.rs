@@ -68,6 +68,12 @@ pub struct ServeArgs {
     /// Seconds until every stored object expires (RESP SET EX/PX overrides).
     #[arg(long, value_name = "SECS")]
     pub ttl: Option<u32>,
+    /// Codec for what arrives over lm:// and RESP (default: each namespace's policy). lm:// PUTs
+    /// carry the tensor's description, so quant and lossless apply to them; RESP values are
+    /// opaque bytes and are stored as they are. A codec that drops tokens is refused (those
+    /// clients read whole blocks), as is a lossy one where the namespace denies lossy codecs.
+    #[arg(long, value_parser = crate::flags::parse_codec, value_name = "SPEC")]
+    pub codec: Option<kvhoard_engine::CodecSpec>,
     /// Bytes of objects to keep in a DRAM tier above the log (0 = none).
     #[arg(long, value_parser = crate::size::parse_size, default_value = "1GiB", value_name = "SIZE")]
     pub dram_tier: u64,
@@ -147,6 +153,7 @@ pub fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
         idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
         durability: args.durability,
         ttl_secs: args.ttl,
+        codec: args.codec,
         threads: args.threads,
         ..ServeOptions::default()
     })
@@ -212,6 +219,7 @@ mod tests {
             idle_timeout: 0,
             durability: Durability::Written,
             ttl: None,
+            codec: None,
             dram_tier: 0,
             threads: 1,
         }

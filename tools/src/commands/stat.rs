@@ -55,7 +55,32 @@ fn print_human(volume: &Path, s: &Stats) {
         s.recovery.segments_replayed
     );
     for n in &s.namespaces {
-        println!("namespace  {:<24} {:>10} keys {:>10} blocks {:>12}", n.name, n.keys, n.blocks, human(n.unique_bytes));
+        println!(
+            "namespace  {:<24} {:>10} keys {:>10} blocks {:>12} logical {:>12} stored",
+            n.name,
+            n.keys,
+            n.blocks,
+            human(n.unique_bytes),
+            human(n.stored_bytes)
+        );
+    }
+    for c in &s.codecs {
+        println!(
+            "codec      {:<24} {:>10} blocks {:>12} logical {:>12} stored ({:.2} of logical)",
+            c.codec,
+            c.blocks,
+            human(c.logical_bytes),
+            human(c.stored_bytes),
+            c.stored_bytes as f64 / c.logical_bytes.max(1) as f64
+        );
+    }
+    for p in &s.policies {
+        println!(
+            "policy     {:<24} codec {}, lossy codecs {}",
+            p.namespace,
+            p.codec,
+            if p.lossy { "allowed" } else { "denied" }
+        );
     }
     for t in &s.tiers {
         let l = &t.load_latency;

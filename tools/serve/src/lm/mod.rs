@@ -12,7 +12,6 @@ pub mod wire;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvhoard_engine::format::record::CompressionMeta;
 use kvhoard_engine::PutOptions;
 
 use crate::conn::{self, Conn, End};
@@ -120,6 +119,7 @@ async fn put(
                 desc: Some(desc),
                 durability: shared.opts.durability,
                 ttl_secs: shared.opts.ttl_secs,
+                codec: shared.opts.codec,
                 ..Default::default()
             };
             let stored = shared.store.put(&shared.opts.lm_namespace, &key, &buf, &opts);
@@ -163,8 +163,8 @@ async fn get(conn: &mut Conn, shared: &Shared, request: Request) -> Result<Outco
             return Ok(Outcome::Error);
         }
     };
-    let meta =
-        if block.meta.compression == CompressionMeta::none() { wire::wire_from_desc(&block.meta.desc) } else { None };
+    // Compressed blocks come back decoded, in their original description.
+    let meta = wire::wire_from_desc(&block.meta.desc);
     let Some(meta): Option<WireMeta> = meta.filter(|_| block.len() as u64 == block.meta.raw_len) else {
         // Stored through another interface, with no description LMCache could allocate from.
         tracing::debug!("lm:// GET of a block with no LMCache description: answered as a miss");

@@ -327,7 +327,8 @@ async fn set(mut args: Vec<Arg>, shared: &Arc<Shared>) -> (Op, Outcome, Reply) {
     shared.metrics.received(Proto::Resp, buf.len() as u64);
     let store = Arc::clone(&shared.store);
     let namespace = shared.opts.resp_namespace.clone();
-    let opts = PutOptions { durability: shared.opts.durability, ttl_secs, ..Default::default() };
+    let opts =
+        PutOptions { durability: shared.opts.durability, ttl_secs, codec: shared.opts.codec, ..Default::default() };
     let stored = tokio::task::spawn_blocking(move || {
         let r = store.put(&namespace, &key, &buf, &opts);
         // The buffer and its room in the budget go back as soon as the engine has the bytes.

@@ -1,0 +1,231 @@
+//! What a read returns of a compressed block, per client: `get` and `get_into` the decoded block
+//! (bit-exact for lossless codecs, the full original shape for quantized ones, never a block
+//! with dropped tokens), `get_kv` a decoded block with the positions of the tokens it kept,
+//! `get_frame` the stored form untouched, for a client (or a GPU) that decodes itself. And
+//! `recompress`, which rewrites a live block under another codec.
+
+use std::sync::atomic::Ordering;
+
+use kvhoard_format::record::{validate_key, validate_namespace};
+use kvhoard_kernels::{CodecSpec, Positions};
+
+use super::append::{Prepared, SOURCE_CHANGED};
+use super::put::replacement;
+use super::Store;
+use crate::block::{Block, BlockMeta, Bytes};
+use crate::codec::{spec_of, Codecs, Skipped};
+use crate::error::{Result, StoreError};
+use crate::index::key_fp;
+use crate::options::{Durability, ReadOptions};
+use crate::parts::Parts;
+
+/// Whether a read may return a block whose tokens were dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dropped {
+    /// Refuse it ([`StoreError::TokensDropped`]).
+    Refuse,
+    /// Return it with its kept positions.
+    Allow,
+}
+
+impl Store {
+    /// The block under `key` decoded, with the positions of the original tokens it holds (all of
+    /// them unless its codec dropped tokens), or `None` on a miss.
+    pub fn get_kv(&self, namespace: &str, key: &str, opts: ReadOptions) -> Result<Option<(Block, Positions)>> {
+        let Some(frame) = self.get_frame(namespace, key, opts)? else { return Ok(None) };
+        self.parts.decoded(key, frame, opts, Dropped::Allow)
+    }
+
+    /// The block under `key` as stored: the codec's output and the record's description of it
+    /// (`meta.compression` holds the codec and its parameters), for a client that decodes
+    /// itself. Checked against its crc32c like every read.
+    pub fn get_frame(&self, namespace: &str, key: &str, opts: ReadOptions) -> Result<Option<Block>> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        validate_key(key)?;
+        let parts = &self.parts;
+        let kfp = key_fp(namespace, key);
+        let lookup = || parts.live_content(&kfp);
+        match lookup() {
+            // verify_hash checks the stored bytes of a raw block; a compressed one's name is that
+            // of its decoded bytes, checked when it is decoded.
+            Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry)),
+            None => Ok(None),
+        }
+    }
+
+    /// Rewrites the live block under `key` with `codec`: from its bytes when its codec is
+    /// lossless, or from its decoded form (quant8 → quant4 starts from the decoded 8-bit block).
+    /// A reader sees the old form or the new one, whole; the old record becomes dead space. The
+    /// block keeps its name (the blake3 of its original bytes), description, group and TTL.
+    /// Returns `false` when the key is missing, or was overwritten or deleted meanwhile (the
+    /// newer block is left alone). Refuses what the namespace's policy denies, a codec that
+    /// cannot take the block, going from a lossy form back to a lossless one or raw bytes (the
+    /// original is no longer held, so they would not decode to the bytes the block is named for), and
+    /// blocks whose tokens were dropped.
+    pub fn recompress(&self, namespace: &str, key: &str, codec: CodecSpec, durability: Durability) -> Result<bool> {
+        let parts = &self.parts;
+        let target = parts.policies.get(namespace).codec_for(namespace, Some(codec))?;
+        let Some(frame) = self.get_frame(namespace, key, ReadOptions::default())? else { return Ok(false) };
+        let meta = frame.meta.clone();
+        let current = spec_of(&meta.desc, meta.raw_len, &meta.compression).ok_or_else(|| StoreError::Codec {
+            key: key.into(),
+            reason: "its codec is unknown to this build".into(),
+        })?;
+        if current.drops_tokens() {
+            return Err(StoreError::invalid(
+                "recompress",
+                format!("{key:?} was stored with tokens dropped; it cannot be recompressed"),
+            ));
+        }
+        if current.is_lossy() && !target.is_some_and(|t| t.is_lossy()) {
+            // A lossless form must decode to the bytes the block is named for, and those are gone.
+            return Err(StoreError::invalid(
+                "recompress",
+                format!("{key:?} is stored lossy ({current}); its original bytes are gone, so it cannot be stored losslessly again"),
+            ));
+        }
+        if target == Some(current) || (target.is_none() && meta.compression.is_none()) {
+            return Ok(true);
+        }
+        let content_before = {
+            let index = parts.index_read();
+            let kfp = key_fp(namespace, key);
+            index.key(&kfp).and_then(|k| index.content(k.content)).map(|c| c.fp)
+        };
+        let Some((decoded, _)) = parts.decoded(key, frame, ReadOptions::default(), Dropped::Refuse)? else {
+            return Ok(false);
+        };
+        let mut header = replacement(namespace, key, &meta, parts.clock.now_unix_ms());
+        let stored = match target {
+            None => None,
+            Some(spec) => match parts.codecs.compress(spec, &meta.desc, &decoded, &parts.pool) {
+                Ok(c) => {
+                    header.compression = c.meta;
+                    Some(c.payload)
+                }
+                Err(Skipped::NoGain) => None,
+                Err(Skipped::NotApplicable(why)) => {
+                    return Err(StoreError::invalid("recompress", format!("{spec} cannot take {key:?}: {why}")))
+                }
+            },
+        };
+        if stored.is_none() && current.is_lossy() {
+            return Err(StoreError::invalid(
+                "recompress",
+                format!("{key:?} would have to be stored raw from a lossy form"),
+            ));
+        }
+        let bytes: &[u8] = stored.as_deref().unwrap_or(&decoded);
+        header.stored_len = bytes.len() as u64;
+        header.payload_crc = crc32c::crc32c(bytes);
+        header.validate()?;
+        let Some(before) = content_before else { return Ok(false) };
+        let item = Prepared::replacing(header, bytes, &parts.pool, key_fp(namespace, key), before);
+        match self.append_all(&mut [item], durability) {
+            Ok(end) => {
+                if durability == Durability::Synced {
+                    parts.log.sync_to(end)?;
+                }
+                Ok(true)
+            }
+            Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Store {
+    /// `get_into` of a compressed block: decoded straight into the caller's buffer.
+    pub(super) fn decode_into(
+        &self,
+        key: &str,
+        frame: Block,
+        buf: &mut [u8],
+        opts: ReadOptions,
+    ) -> Result<Option<(BlockMeta, usize)>> {
+        let parts = &self.parts;
+        parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
+        let meta = &frame.meta;
+        let needed = match Codecs::decoded_len(&meta.desc, meta.raw_len, &meta.compression) {
+            Ok(n) => n,
+            Err(_) => {
+                // Let decoded() tell an unknown codec from damage, and count it.
+                let got = parts.decoded(key, frame, opts, Dropped::Refuse)?;
+                debug_assert!(got.is_none());
+                parts.metrics.count_get(None);
+                return Ok(None);
+            }
+        };
+        let got = buf.len() as u64;
+        let out = buf.get_mut(..needed).ok_or(StoreError::BufferTooSmall { needed: needed as u64, got })?;
+        match parts.codecs.decode_into(&meta.desc, meta.raw_len, &meta.compression, &frame, out) {
+            Ok((len, positions, lossless)) => {
+                if !matches!(positions, Positions::All) {
+                    let codec = spec_of(&meta.desc, meta.raw_len, &meta.compression)
+                        .map_or_else(|| "unknown".into(), |s| s.to_string());
+                    return Err(StoreError::TokensDropped { key: key.to_string(), codec });
+                }
+                let data = out.get(..len).unwrap_or_default();
+                if opts.verify_hash && lossless && blake3::hash(data).as_bytes() != &meta.content_hash {
+                    parts.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(key, "decoded block does not match its blake3 name; returning a miss");
+                    parts.metrics.count_get(None);
+                    return Ok(None);
+                }
+                parts.metrics.decoded.fetch_add(1, Ordering::Relaxed);
+                parts.metrics.count_get(Some(len as u64));
+                Ok(Some((frame.meta.clone(), len)))
+            }
+            Err(kvhoard_kernels::Error::Unsupported(reason)) => Err(StoreError::Codec { key: key.to_string(), reason }),
+            Err(e) => {
+                parts.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(key, error = %e, "stored block does not decode; returning a miss");
+                parts.metrics.count_get(None);
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl Parts {
+    /// Decodes a block read in its stored form (a raw block is returned as it is). A frame that
+    /// does not decode is damage: logged, counted, and a miss.
+    pub(super) fn decoded(
+        &self,
+        key: &str,
+        frame: Block,
+        opts: ReadOptions,
+        dropped: Dropped,
+    ) -> Result<Option<(Block, Positions)>> {
+        let meta = &frame.meta;
+        if meta.compression.is_none() {
+            return Ok(Some((frame, Positions::All)));
+        }
+        let decoded = self.codecs.decode(&meta.desc, meta.raw_len, &meta.compression, &frame, &self.pool);
+        let d = match decoded {
+            Ok(d) => d,
+            Err(kvhoard_kernels::Error::Unsupported(reason)) => {
+                return Err(StoreError::Codec { key: key.to_string(), reason });
+            }
+            Err(e) => {
+                self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(key, error = %e, "stored block does not decode; returning a miss");
+                return Ok(None);
+            }
+        };
+        if !matches!(d.positions, Positions::All) && dropped == Dropped::Refuse {
+            let codec = spec_of(&meta.desc, meta.raw_len, &meta.compression)
+                .map_or_else(|| "unknown".into(), |s| s.to_string());
+            return Err(StoreError::TokensDropped { key: key.to_string(), codec });
+        }
+        if opts.verify_hash && d.lossless && blake3::hash(&d.bytes).as_bytes() != &meta.content_hash {
+            self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(key, "decoded block does not match its blake3 name; returning a miss");
+            return Ok(None);
+        }
+        self.metrics.decoded.fetch_add(1, Ordering::Relaxed);
+        let len = d.bytes.len();
+        Ok(Some((Block::new(Bytes::Owned(d.bytes), 0, len, frame.meta), d.positions)))
+    }
+}
