@@ -276,3 +276,40 @@ fn damaged_frames_are_misses_never_garbage() {
         }
     }
 }
+
+#[test]
+fn namespace_policies_survive_a_damaged_superblock_copy_and_its_repair() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let vol = dir.path().join("vol");
+    let create = CreateOptions { capacity_bytes: Some(64 << 20), segment_size_bytes: 8 << 20 };
+    let store = Store::create(&vol, &create, StoreOptions::default()).unwrap();
+    let policy = Policy { codec: Some(CodecSpec::quant(8, 32, 0)), lossy: true };
+    store.set_policy("lmcache", policy).unwrap();
+    store.close().unwrap();
+    drop(store);
+    for (offset, what) in
+        [(20u64, "copy A's superblock"), (4096 + 150, "copy B's policies"), (150, "copy A's policies")]
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(vol.join("volume.kvh")).unwrap();
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.write_all(&[0xA5; 8]).unwrap();
+        drop(f);
+        let store = Store::open(&vol, StoreOptions::default()).unwrap();
+        assert_eq!(store.policy("lmcache"), policy, "after damaging {what}");
+        store.close().unwrap();
+        drop(store);
+        let found = kvhoard_engine::fsck::fsck(&vol, &Default::default(), &|_, _| {}).unwrap();
+        assert_ne!(found.exit_code, 0, "fsck calls the volume clean with {what} damaged");
+        let repaired = kvhoard_engine::fsck::fsck(
+            &vol,
+            &kvhoard_engine::fsck::FsckOptions { repair: true, ..Default::default() },
+            &|_, _| {},
+        )
+        .unwrap();
+        assert_eq!(repaired.exit_code, 1, "{what}: {:?}", repaired.after.map(|r| r.problems));
+        let store = Store::open(&vol, StoreOptions::default()).unwrap();
+        assert_eq!(store.policy("lmcache"), policy, "after repairing {what}");
+        store.close().unwrap();
+    }
+}

@@ -107,6 +107,7 @@ pub fn check_device(dev: &dyn BlockDevice, opts: ScanOptions) -> Result<Report, 
 pub(crate) fn check(dev: &dyn BlockDevice, scan: &VolumeScan, checkpoints: &CheckpointStore) -> Report {
     let mut r = Report { bytes_read: scan.bytes_read, ..Report::default() };
     superblock_problems(scan, &mut r);
+    policy_problems(dev, scan, &mut r);
     let cp = checkpoint_problems(dev, scan, checkpoints, &mut r);
     for seg in &scan.segments {
         segment_problems(scan, seg, &mut r);
@@ -151,6 +152,35 @@ pub(crate) fn problem(
     meaning: &str,
 ) -> Problem {
     Problem { severity, kind, segment, offset, namespace: None, key: None, detail, meaning: meaning.to_string() }
+}
+
+/// A copy of the namespace policies that does not decode (the superblock itself is checked
+/// above): open uses the other copy; repair writes both again.
+fn policy_problems(dev: &dyn BlockDevice, scan: &VolumeScan, r: &mut Report) {
+    for (copy, offset) in (0u32..).zip(kvhoard_format::superblock::COPY_OFFSETS) {
+        if scan.superblock_damage.iter().any(|(c, _)| *c == copy) {
+            continue;
+        }
+        let mut unit = crate::buffer::AlignedBuf::zeroed(UNIT_BYTES as usize);
+        let why = match dev.read_at(&mut unit, offset) {
+            Err(e) => e.to_string(),
+            Ok(()) => match kvhoard_format::policy::decode(&unit) {
+                Ok(_) => continue,
+                Err(e) => e.to_string(),
+            },
+        };
+        r.problems.push(problem(
+            Severity::Warning,
+            "policies_copy",
+            None,
+            Some(offset),
+            format!(
+                "the namespace policies in superblock copy {} are damaged: {why}",
+                if copy == 0 { "A" } else { "B" }
+            ),
+            "the volume opens with the other copy's; repair writes both again",
+        ));
+    }
 }
 
 fn superblock_problems(scan: &VolumeScan, r: &mut Report) {

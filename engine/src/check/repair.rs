@@ -4,12 +4,10 @@
 //! deleted afterwards through the engine itself, by [`crate::fsck`].)
 
 use kvhoard_format::summary;
-use kvhoard_format::superblock::COPY_OFFSETS;
 use kvhoard_format::UNIT_BYTES;
 
 use super::scan::{HeaderState, SummaryState, VolumeScan};
 use super::Report;
-use crate::buffer::AlignedBuf;
 use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
@@ -25,16 +23,22 @@ pub fn repair_structures(
 ) -> Result<Vec<String>> {
     let sb = &scan.sb;
     let mut done = Vec::new();
-    for (copy, _) in &scan.superblock_damage {
-        let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
-        unit.copy_from_slice(&sb.encode(*copy));
-        let offset = COPY_OFFSETS.get(*copy as usize).copied().unwrap_or(0);
-        dev.write_at(&unit, offset)?;
-        done.push(format!(
-            "rewrote superblock copy {} from copy {}",
-            if *copy == 0 { "A" } else { "B" },
-            if *copy == 0 { "B" } else { "A" }
-        ));
+    let policies_damaged = report.problems.iter().any(|p| p.kind == "policies_copy");
+    if !scan.superblock_damage.is_empty() || policies_damaged {
+        // Both copies are written again from the good one, namespace policies included (read
+        // from whichever copy still holds them).
+        let policies = crate::volume::read_policies(dev);
+        crate::volume::write_superblocks(dev, sb, &policies)?;
+        if policies_damaged {
+            done.push("wrote the namespace policies into both superblock copies again".into());
+        }
+        for (copy, _) in &scan.superblock_damage {
+            done.push(format!(
+                "rewrote superblock copy {} from copy {}",
+                if *copy == 0 { "A" } else { "B" },
+                if *copy == 0 { "B" } else { "A" }
+            ));
+        }
     }
     for seg in &scan.segments {
         let (HeaderState::InUse { seq, .. }, Some(settled)) = (&seg.header, &seg.settled) else {
