@@ -33,6 +33,12 @@ pub(crate) struct Metrics {
     pub codec_skipped: AtomicU64,
     /// Blocks decoded on a read.
     pub decoded: AtomicU64,
+    /// Segments a cleaner emptied ahead of need.
+    pub segments_cleaned: AtomicU64,
+    /// Records a cleaner wrote again (blocks and links it kept).
+    pub relocated_records: AtomicU64,
+    /// Bytes of those records: cleaning's writes, for write amplification.
+    pub relocated_bytes: AtomicU64,
 }
 
 impl Metrics {

@@ -107,6 +107,9 @@ pub struct StoreOptions {
     /// Seconds a pin ([`crate::Store::pin`]) holds after it was last taken, so that a client
     /// that dies holding pins cannot keep segments from reclaim forever.
     pub pin_ttl_secs: u32,
+    /// Bytes per second the background cleaner may write relocating kept blocks (it runs when
+    /// placement cleans, [`crate::placement::Placement::cleans`]).
+    pub clean_bytes_per_sec: u64,
 }
 
 impl Default for StoreOptions {
@@ -122,6 +125,7 @@ impl Default for StoreOptions {
             placement: std::sync::Arc::new(crate::placement::Fifo),
             dram_tier_bytes: 0,
             pin_ttl_secs: 600,
+            clean_bytes_per_sec: 256 << 20,
         }
     }
 }

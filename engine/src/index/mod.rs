@@ -15,6 +15,7 @@ mod fingerprint;
 
 use hashbrown::HashTable;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use kvhoard_format::checkpoint as ckpt;
 
@@ -91,6 +92,9 @@ pub struct Dropped {
 pub struct Index {
     keys: HashTable<KeyEntry>,
     contents: Vec<ContentEntry>,
+    /// Per content slot: reads since its record was last written (saturating), for placement
+    /// (a cleaner keeps what was read). Counted under the read lock, hence atomics.
+    heat: Vec<AtomicU8>,
     content_table: HashTable<u32>,
     free_slots: Vec<u32>,
     names: Vec<String>,
@@ -179,7 +183,7 @@ impl Index {
     pub fn memory_bytes(&self) -> u64 {
         let key_bytes = self.keys.capacity() * (std::mem::size_of::<KeyEntry>() + 1);
         let table_bytes = self.content_table.capacity() * (std::mem::size_of::<u32>() + 1);
-        let slab_bytes = self.contents.capacity() * std::mem::size_of::<ContentEntry>();
+        let slab_bytes = self.contents.capacity() * (std::mem::size_of::<ContentEntry>() + 1);
         (key_bytes + table_bytes + slab_bytes + self.free_slots.capacity() * 4) as u64
     }
 
@@ -192,6 +196,10 @@ impl Index {
                 if let Some(c) = self.contents.get_mut(slot as usize) {
                     c.record = block.record;
                     c.units = block.units;
+                }
+                // Written again (relocated by the cleaner): its reads count from here.
+                if let Some(h) = self.heat.get(slot as usize) {
+                    h.store(0, Ordering::Relaxed);
                 }
                 slot
             }
@@ -341,10 +349,14 @@ impl Index {
                 if let Some(c) = self.contents.get_mut(s as usize) {
                     *c = entry;
                 }
+                if let Some(h) = self.heat.get(s as usize) {
+                    h.store(0, Ordering::Relaxed);
+                }
                 s
             }
             None => {
                 self.contents.push(entry);
+                self.heat.push(AtomicU8::new(0));
                 (self.contents.len() - 1) as u32
             }
         };
@@ -369,6 +381,43 @@ impl Index {
             c.fp = [0; 16];
         }
         self.free_slots.push(slot);
+    }
+
+    /// Counts a read of the block in `slot` (under the read lock).
+    pub fn touch(&self, slot: u32) {
+        if let Some(h) = self.heat.get(slot as usize) {
+            let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_add(1));
+        }
+    }
+
+    /// Reads of the block in `slot` since its record was last written (saturating at 255).
+    pub fn heat(&self, slot: u32) -> u8 {
+        self.heat.get(slot as usize).map_or(0, |h| h.load(Ordering::Relaxed))
+    }
+
+    /// Units of live records per segment (`segments` entries): each stored block's record, and
+    /// each key's own record when it is a link elsewhere.
+    pub fn live_units(&self, segments: usize) -> Vec<u64> {
+        let mut live = vec![0u64; segments];
+        for c in self.contents.iter().filter(|c| c.refs > 0) {
+            if let Some(l) = live.get_mut(c.record.segment as usize) {
+                *l += u64::from(c.units);
+            }
+        }
+        for k in self.keys.iter() {
+            let own_block = self.contents.get(k.content as usize).is_some_and(|c| c.record == k.record);
+            if !own_block {
+                if let Some(l) = live.get_mut(k.record.segment as usize) {
+                    *l += 1;
+                }
+            }
+        }
+        live
+    }
+
+    /// The content slot of a stored block's entry (by its fingerprint).
+    pub fn slot_of(&self, fp: &ContentFp) -> Option<u32> {
+        self.content_slot(fp)
     }
 
     /// Stored blocks, for a scan that needs them all (inspect).
@@ -457,6 +506,19 @@ impl Index {
 }
 
 /// Whether a key has expired at `now_unix_s`.
+/// The TTL a record written at `now_ms` must carry to keep the expiry of one created at
+/// `created_ms` with `ttl_secs`: 0 (none) for none; never 0 otherwise (expiring within the second
+/// still leaves it a second).
+pub fn remaining_ttl(created_ms: u64, ttl_secs: u32, now_ms: u64) -> u32 {
+    match ttl_secs {
+        0 => 0,
+        ttl => {
+            let expires_ms = created_ms.saturating_add(u64::from(ttl) * 1000);
+            u32::try_from(expires_ms.saturating_sub(now_ms).div_ceil(1000).max(1)).unwrap_or(u32::MAX)
+        }
+    }
+}
+
 pub fn is_expired(k: &KeyEntry, now_unix_s: u32) -> bool {
     k.expires_unix_s != 0 && k.expires_unix_s <= now_unix_s
 }

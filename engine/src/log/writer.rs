@@ -70,6 +70,8 @@ pub(crate) struct LogState {
     pub(crate) poisoned: Option<String>,
     /// Set by close.
     pub(crate) closed: bool,
+    /// The segment a cleaner is emptying: reclaim leaves it alone meanwhile.
+    pub(crate) cleaning: Option<u32>,
 }
 
 impl LogState {
@@ -86,6 +88,7 @@ impl LogState {
             open,
             resumable,
             unsummarized: Vec::new(),
+            cleaning: None,
             next_seq,
             seq_durable: false,
             next_checkpoint_seq,

@@ -5,16 +5,22 @@
 //! - at put: whether the block also goes to the DRAM tier ([`Placement::on_put`]);
 //! - at a load from the log: whether the block is kept in the DRAM tier ([`Placement::on_load`]);
 //! - when the volume is full: which sealed segment to reclaim ([`Placement::victim`]), and what
-//!   reclaim dropped ([`Placement::dropped`]), for a policy that keeps its own accounts.
+//!   reclaim dropped ([`Placement::dropped`]), for a policy that keeps its own accounts;
+//! - when a cleaner empties a segment ahead of need ([`Placement::cleans`]): which of its live
+//!   blocks are kept, relocated to the head of the log ([`Placement::keep`]).
 //!
 //! Decisions are made under the engine's locks (the log lock at put and reclaim), so they must be
 //! cheap and must not call back into the store. [`Fifo`], the default, is the behaviour kvhoard
 //! has always had: every block in DRAM (least recently used out), the oldest segment reclaimed
 //! whole.
 
+mod cost_benefit;
 mod fifo;
+mod lru;
 
+pub use cost_benefit::cost_benefit;
 pub use fifo::Fifo;
+pub use lru::Lru;
 
 use crate::index::KeyId;
 
@@ -42,6 +48,34 @@ pub struct SegmentView {
     pub created_unix_ms: u64,
     /// Units its records occupy.
     pub end_unit: u32,
+    /// Units of those records still live (named by a key).
+    pub live_units: u32,
+}
+
+/// A live block in a segment a cleaner is emptying.
+#[derive(Debug, Clone, Copy)]
+pub struct LiveBlock<'a> {
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Bytes of the block as the client sees it.
+    pub raw_bytes: u64,
+    /// Bytes its record takes on the log.
+    pub record_bytes: u64,
+    /// Its group (context), when the client named one.
+    pub group: Option<u64>,
+    /// Reads since its record was last written (saturating at 255).
+    pub reads: u8,
+    /// Milliseconds since its record was last written.
+    pub age_ms: u64,
+}
+
+/// What a cleaner does with a live block of the segment it empties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Let it go with the segment (a miss from then on).
+    Drop,
+    /// Write it again at the head of the log.
+    Relocate,
 }
 
 /// Where a put block goes.
@@ -67,5 +101,17 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     /// Reclaim dropped these keys: they read as misses from now on, and never come back.
     fn dropped(&self, keys: &[KeyId]) {
         let _ = keys;
+    }
+
+    /// Whether a background cleaner empties segments before the volume is full, keeping the live
+    /// blocks [`Placement::keep`] says to keep. Without it, a full volume reclaims a segment whole.
+    fn cleans(&self) -> bool {
+        false
+    }
+
+    /// A cleaner is emptying a segment: what becomes of one of its live blocks.
+    fn keep(&self, block: &LiveBlock<'_>) -> Keep {
+        let _ = block;
+        Keep::Drop
     }
 }

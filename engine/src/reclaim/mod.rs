@@ -1,10 +1,13 @@
-//! Reclaim: emptying a whole segment when the volume is full.
+//! Reclaim: emptying a segment, whole when the volume is full, or ahead of need by a cleaner
+//! that first relocates the live blocks placement keeps (`clean.rs`, run by `cleaner.rs`).
 //!
 //! Everything reclaim decides lives here: which sealed segment goes (placement's choice among
 //! the segments that hold no pinned key's records, `pins.rs`), dropping what it held from the
 //! index and the tiers, whether a checkpoint must be written first, and freeing it durably. A
 //! cache drops what the segment holds; a put never fails for lack of space.
 
+pub(crate) mod clean;
+pub(crate) mod cleaner;
 pub(crate) mod pins;
 
 use std::sync::atomic::Ordering;
@@ -24,19 +27,44 @@ use crate::placement::{Fifo, SegmentView};
 /// the victim and every older segment, a checkpoint written first makes sure replay never
 /// brings that older version back.
 pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
-    let sealed: Vec<SegmentView> = state
+    let sealed = sealed_views(parts, state);
+    if sealed.is_empty() {
+        return Err(StoreError::invalid("volume", "no sealed segment to reclaim"));
+    }
+    let victim = choose_victim(parts, &sealed);
+    free_victim(parts, state, &sealed, victim)?;
+    Ok(victim)
+}
+
+/// Every sealed segment as placement sees it (the one a cleaner is emptying left out, unless it
+/// is the only one), with the units of its records still live.
+pub(crate) fn sealed_views(parts: &Parts, state: &LogState) -> Vec<SegmentView> {
+    let live = parts.index_read().live_units(state.segments.len());
+    let views: Vec<SegmentView> = state
         .segments
         .iter()
         .enumerate()
         .filter_map(|(i, s)| match s.state {
-            SegState::Sealed { end_unit } => {
-                Some(SegmentView { index: i as u32, seq: s.seq, created_unix_ms: s.created_unix_ms, end_unit })
-            }
+            SegState::Sealed { end_unit } => Some(SegmentView {
+                index: i as u32,
+                seq: s.seq,
+                created_unix_ms: s.created_unix_ms,
+                end_unit,
+                live_units: u32::try_from(live.get(i).copied().unwrap_or(0)).unwrap_or(u32::MAX),
+            }),
             _ => None,
         })
         .collect();
-    let oldest = Fifo::oldest(&sealed).ok_or_else(|| StoreError::invalid("volume", "no sealed segment to reclaim"))?;
-    let victim = choose_victim(parts, &sealed);
+    match state.cleaning {
+        Some(c) if views.len() > 1 => views.into_iter().filter(|v| v.index != c).collect(),
+        _ => views,
+    }
+}
+
+/// Drops what `victim` holds from the index and the tiers and frees it durably (see
+/// [`reclaim`] for the order that keeps drops from coming back).
+pub(crate) fn free_victim(parts: &Parts, state: &mut LogState, sealed: &[SegmentView], victim: u32) -> Result<()> {
+    let oldest = Fifo::oldest(sealed).unwrap_or(victim);
     parts.log.mark_free(state, victim);
     let dropped = parts.index_write().drop_segment(victim);
     parts.tiers.drop_segment(victim);
@@ -51,12 +79,12 @@ pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
     parts.metrics.count_eviction(&dropped);
     parts.placement.dropped(&dropped.key_ids);
     tracing::debug!(segment = victim, keys = dropped.keys, blocks = dropped.blocks, "segment reclaimed");
-    Ok(victim)
+    Ok(())
 }
 
 /// Placement's choice among the sealed segments that hold no pinned key's records; among all of
 /// them when every one does (pins are advice, never a reason to refuse a put).
-fn choose_victim(parts: &Parts, sealed: &[SegmentView]) -> u32 {
+pub(crate) fn choose_victim(parts: &Parts, sealed: &[SegmentView]) -> u32 {
     let pinned = {
         let keys = parts.pins.live(parts.clock.now_unix_ms());
         if keys.is_empty() {

@@ -19,17 +19,17 @@ use super::Store;
 use crate::buffer::{BufferPool, PooledBuf};
 use crate::error::{Result, StoreError};
 use crate::index::{header_fp, key_fp, ContentEntry, ContentFp, KeyFp};
-use crate::log::{Loc, LogState};
+use crate::log::{Loc, LogState, Pos};
 use crate::parts::Parts;
 use crate::placement::BlockInfo;
 use crate::recovery::expiry;
 
 /// Why a rename's link could not be reserved.
-pub(super) const SOURCE_CHANGED: &str = "the key changed while it was being renamed or recompressed";
+pub(crate) const SOURCE_CHANGED: &str = "the key changed while it was being renamed or recompressed";
 
 /// A record ready to be reserved: its header (seq still 0) and, for a block, its bytes.
-pub(super) struct Prepared<'a> {
-    pub(super) header: RecordHeader,
+pub(crate) struct Prepared<'a> {
+    pub(crate) header: RecordHeader,
     /// The bytes given by the caller.
     payload: &'a [u8],
     /// The bytes to store when the store compressed them (else `payload`).
@@ -46,7 +46,7 @@ pub(super) struct Prepared<'a> {
 
 impl<'a> Prepared<'a> {
     /// A link or tombstone record.
-    pub(super) fn without_payload(
+    pub(crate) fn without_payload(
         header: RecordHeader,
         key: KeyFp,
         content: ContentFp,
@@ -58,7 +58,7 @@ impl<'a> Prepared<'a> {
 
     /// A block record that replaces `key`'s block, provided the key still names `before` when it
     /// is reserved. `header` is complete (hash, lengths, crc of `stored`).
-    pub(super) fn replacing(
+    pub(crate) fn replacing(
         header: RecordHeader,
         stored: &'a [u8],
         pool: &Arc<BufferPool>,
@@ -154,10 +154,33 @@ impl Parts {
         Prepared { header, payload: bytes, compressed, buf, key, content, condition: None }
     }
 
+    /// Reserves and writes `items` (several reservations when they span segments) on this
+    /// thread, as a `written` put does; returns the end of the last record written, `None` when
+    /// nothing was (a tombstone of a key already gone).
+    pub(crate) fn append_written(&self, items: &mut [Prepared<'_>]) -> Result<Option<Pos>> {
+        let mut last_end = None;
+        let mut rest = items;
+        while !rest.is_empty() {
+            let (jobs, done) = self.reserve(rest)?;
+            rest = rest.get_mut(done..).unwrap_or_default();
+            last_end = jobs.iter().map(WriteJob::end).max().max(last_end);
+            self.write_jobs(&jobs)?;
+        }
+        Ok(last_end)
+    }
+
+    /// The header of the record at `loc` (one unit read), if it decodes.
+    pub(crate) fn header_at(&self, loc: Loc) -> Result<Option<RecordHeader>> {
+        let mut buf = self.pool.get(UNIT_BYTES as usize);
+        let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+        self.log.dev.read_at(&mut buf, offset)?;
+        Ok(RecordHeader::decode(&buf).ok())
+    }
+
     /// Reserves space for a prefix of `items` in log order, updates the index and returns the
     /// write jobs and how many items were reserved. Stops early rather than seal a segment that
     /// holds this call's own unwritten records.
-    pub(super) fn reserve(&self, items: &mut [Prepared<'_>]) -> Result<(Vec<WriteJob>, usize)> {
+    pub(crate) fn reserve(&self, items: &mut [Prepared<'_>]) -> Result<(Vec<WriteJob>, usize)> {
         let mut state = self.log.lock();
         state.writable()?;
         let mut jobs = Vec::with_capacity(items.len());

@@ -256,6 +256,8 @@ impl Parts {
     pub(super) fn live_content(&self, kfp: &KeyFp) -> Option<ContentEntry> {
         let index = self.index_read();
         let k = index.key(kfp).filter(|k| !is_expired(k, self.clock.now_unix_s()))?;
+        // A read: placement (a cleaner keeping what is read) counts it.
+        index.touch(k.content);
         index.content(k.content).copied()
     }
 

@@ -9,7 +9,7 @@
 //!   returns of a compressed block (`get_kv`, `get_frame`) and `recompress`; `list.rs`: listings;
 //! - `pin.rs`: pins; `stats.rs` and `prometheus.rs`: what the store reports.
 
-mod append;
+pub(crate) mod append;
 mod decode;
 mod get;
 mod list;
@@ -44,6 +44,7 @@ use crate::metrics::Metrics;
 use crate::options::{CreateOptions, StoreOptions};
 use crate::parts::Parts;
 use crate::policy::{Policies, Policy};
+use crate::reclaim::cleaner::{self, CleanerControl};
 use crate::reclaim::pins::Pins;
 use crate::recovery::{recover, RecoveryReport};
 use crate::tier::Tiers;
@@ -57,6 +58,8 @@ pub struct Store {
     parts: Arc<Parts>,
     writer: Mutex<Option<(SyncSender<WriteJob>, JoinHandle<()>)>>,
     checkpointer: Mutex<Option<JoinHandle<()>>>,
+    /// The background cleaner, when placement cleans.
+    cleaner: Mutex<Option<(Arc<CleanerControl>, JoinHandle<()>)>>,
 }
 
 impl Store {
@@ -185,6 +188,7 @@ impl Store {
             placement: Arc::clone(&opts.placement),
             pool: BufferPool::new(64, opts.buffer_pool_bytes),
             codecs: Codecs::default(),
+            cleaner: Arc::new(CleanerControl::default()),
             policies: Policies::load(volume::read_policies(dev_for_policies.as_ref())),
             metrics: Metrics::default(),
             clock: opts.clock.clone(),
@@ -197,7 +201,19 @@ impl Store {
         let (jobs, checkpointer) =
             checkpoint::spawn_background(Arc::downgrade(&parts.log), Arc::downgrade(&parts.checkpoints))?;
         parts.checkpoints.start_background(jobs);
-        let store = Store { parts, writer: Mutex::new(Some(writer)), checkpointer: Mutex::new(Some(checkpointer)) };
+        let cleaner = if parts.placement.cleans() {
+            let control = Arc::clone(&parts.cleaner);
+            let handle = cleaner::spawn(Arc::downgrade(&parts), Arc::clone(&control))?;
+            Some((control, handle))
+        } else {
+            None
+        };
+        let store = Store {
+            parts,
+            writer: Mutex::new(Some(writer)),
+            checkpointer: Mutex::new(Some(checkpointer)),
+            cleaner: Mutex::new(cleaner),
+        };
         let report = &store.parts.recovery;
         if report.records_replayed > 0 || report.stale_segments_freed > 0 {
             // Save the replay's work for the next open.
@@ -262,6 +278,7 @@ impl Store {
     /// sealed here if it has room. Releases the volume's lock, so it can be opened again while
     /// this handle lives; every later call on this handle fails with [`StoreError::Closed`].
     pub fn close(&self) -> Result<()> {
+        self.stop_cleaner();
         self.stop_writer();
         self.stop_checkpointer();
         let parts = &self.parts;
@@ -285,6 +302,22 @@ impl Store {
         // the checkpoint failed) may take the volume.
         parts.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
         result
+    }
+
+    /// Stops the cleaner after the segment it is cleaning, and waits for it.
+    fn stop_cleaner(&self) {
+        let cleaner = self.cleaner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((control, handle)) = cleaner {
+            control.stop();
+            let _ = handle.join();
+        }
+    }
+
+    /// Cleans one segment now, whatever the number of free ones (placement chooses it and what
+    /// of it to keep). Returns the segment freed, or `None` when none could be cleaned.
+    pub fn clean_now(&self) -> Result<Option<u32>> {
+        self.parts.ensure_open()?;
+        Ok(crate::reclaim::clean::clean_one(&self.parts)?.map(|c| c.segment))
     }
 
     /// Lets the checkpointer finish what it is writing and waits for it: the checkpoint `close`

@@ -35,6 +35,12 @@ impl Stats {
         ] {
             metric(name, "gauge", help, &one(v));
         }
+        metric(
+            "write_amplification",
+            "gauge",
+            "Bytes written by cleaning divided by bytes put.",
+            &[(String::new(), self.write_amplification)],
+        );
         let per_codec = |f: fn(&super::CodecStats) -> u64| -> Vec<(String, f64)> {
             self.codecs.iter().map(|c| (format!("{{codec=\"{}\"}}", c.codec), f(c) as f64)).collect()
         };
@@ -65,6 +71,9 @@ impl Stats {
             ("compressed_total", "Blocks the store compressed on put.", self.compressed),
             ("codec_skipped_total", "Blocks a codec could not take, stored as they were.", self.codec_skipped),
             ("decoded_total", "Blocks decoded on reads.", self.decoded),
+            ("segments_cleaned_total", "Segments the cleaner emptied ahead of need.", self.segments_cleaned),
+            ("relocated_records_total", "Records the cleaner wrote again.", self.relocated_records),
+            ("relocated_bytes_total", "Bytes the cleaner wrote.", self.relocated_bytes),
             ("puts_total", "Blocks put (including deduplicated ones).", self.puts),
             ("put_bytes_total", "Bytes written for puts.", self.put_bytes),
             ("dedup_hits_total", "Puts whose bytes were already stored.", self.dedup_hits),

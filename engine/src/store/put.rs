@@ -30,6 +30,7 @@ impl Store {
     pub fn put_batch(&self, namespace: &str, items: &[(&str, &[u8])], opts: &PutOptions) -> Result<Vec<[u8; 32]>> {
         validate_namespace(namespace)?;
         let parts = &self.parts;
+        parts.clean_if_short()?;
         let now = parts.clock.now_unix_ms();
         // Everything that can refuse a put is checked before any of the batch is written.
         let checked = items
@@ -230,13 +231,7 @@ impl Store {
 /// The TTL a record written at `now` gives a block that keeps `meta`'s expiry: 0 (none) for a
 /// block without one; never 0 otherwise (expiring within the second still leaves it a second).
 pub(super) fn remaining_ttl(meta: &BlockMeta, now: u64) -> u32 {
-    match meta.ttl_secs {
-        0 => 0,
-        ttl => {
-            let expires_ms = meta.created_unix_ms.saturating_add(u64::from(ttl) * 1000);
-            u32::try_from(expires_ms.saturating_sub(now).div_ceil(1000).max(1)).unwrap_or(u32::MAX)
-        }
-    }
+    crate::index::remaining_ttl(meta.created_unix_ms, meta.ttl_secs, now)
 }
 
 /// The block record that replaces `meta`'s block under `key` with the same name, description,

@@ -53,7 +53,7 @@ pub struct PolicyStats {
 }
 
 /// A snapshot of the store's state and counters.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[expect(missing_docs, reason = "the counters are named for what they count; docs/operations.md explains them")]
 pub struct Stats {
     pub capacity_bytes: u64,
@@ -83,6 +83,14 @@ pub struct Stats {
     pub codec_skipped: u64,
     /// Blocks decoded on reads.
     pub decoded: u64,
+    /// Segments the cleaner emptied ahead of need.
+    pub segments_cleaned: u64,
+    /// Records the cleaner wrote again (what placement kept).
+    pub relocated_records: u64,
+    /// Bytes the cleaner wrote.
+    pub relocated_bytes: u64,
+    /// Bytes written by cleaning ÷ bytes put (0 when nothing was put).
+    pub write_amplification: f64,
     pub puts: u64,
     pub put_bytes: u64,
     pub dedup_hits: u64,
@@ -200,6 +208,10 @@ impl Store {
             compressed: get(&m.compressed),
             codec_skipped: get(&m.codec_skipped),
             decoded: get(&m.decoded),
+            segments_cleaned: get(&m.segments_cleaned),
+            relocated_records: get(&m.relocated_records),
+            relocated_bytes: get(&m.relocated_bytes),
+            write_amplification: get(&m.relocated_bytes) as f64 / get(&m.put_bytes).max(1) as f64,
             puts: get(&m.puts),
             put_bytes: get(&m.put_bytes),
             dedup_hits: get(&m.dedup_hits),

@@ -65,14 +65,23 @@ impl Store {
             }
             return Ok(());
         }
-        let parts = &*self.parts;
+        self.parts.write_jobs(&jobs)
+    }
+}
+
+impl Parts {
+    /// Writes reserved records on this thread (several at once for a large batch) and waits
+    /// until everything before them is written too.
+    pub(crate) fn write_jobs(&self, jobs: &[WriteJob]) -> Result<()> {
+        let parts = self;
+        let jobs = jobs;
         let bytes: usize = jobs.iter().map(|j| j.buf.len()).sum();
         let workers = jobs.len().min(WRITE_PARALLELISM);
         let first_error = if workers > 1 && bytes >= PARALLEL_MIN_BYTES {
-            parts.write_in_parallel(&jobs, workers)
+            parts.write_in_parallel(jobs, workers)
         } else {
             let mut first = None;
-            for job in &jobs {
+            for job in jobs {
                 if let Err(e) = parts.write_record(job) {
                     first.get_or_insert(e);
                 }
@@ -87,9 +96,7 @@ impl Store {
             None => Ok(()),
         }
     }
-}
 
-impl Parts {
     /// Writes `jobs` from `workers` threads: one thread writing record after record keeps one
     /// record in flight; these keep `workers`. Every record is written (or fails) before this
     /// returns; the first error, if any.

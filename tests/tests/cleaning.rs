@@ -1,0 +1,127 @@
+//! Segment cleaning: a cleaner keeps the blocks placement keeps (LRU: those read since their
+//! write) by relocating them, and drops the rest with the segment; crashes and write errors at
+//! any point during cleaning lose nothing kept and bring back nothing dropped; the background
+//! cleaner keeps a hot set alive through a stream of puts many times the volume's size.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kvhoard_engine::device::{CrashMode, FaultKind, MemDevice};
+use kvhoard_engine::placement::Lru;
+use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_tests::block;
+
+const SEG: u64 = 1 << 20;
+
+fn lru_store(segments: u64) -> (Arc<MemDevice>, Store, StoreOptions) {
+    let dev = Arc::new(MemDevice::new(SEG * (segments + 3)));
+    let opts = StoreOptions { placement: Arc::new(Lru::default()), ..StoreOptions::default() };
+    let store =
+        Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone())
+            .unwrap();
+    (dev, store, opts)
+}
+
+fn synced() -> PutOptions {
+    PutOptions { durability: Durability::Synced, ..PutOptions::default() }
+}
+
+fn get(store: &Store, key: &str) -> Option<Vec<u8>> {
+    store.get("default", key, ReadOptions { verify_hash: true }).unwrap().map(|b| b.to_vec())
+}
+
+/// Fills the first segments with 40 keys of 100 KB and reads every third one.
+fn fill(store: &Store) -> BTreeMap<String, (Vec<u8>, bool)> {
+    let mut keys = BTreeMap::new();
+    for i in 0..40u64 {
+        let key = format!("k{i}");
+        let bytes = block(i, 100_000);
+        store.put("default", &key, &bytes, &synced()).unwrap();
+        keys.insert(key, (bytes, i % 3 == 0));
+    }
+    for (key, (bytes, read)) in &keys {
+        if *read {
+            assert!(get(store, key).as_ref() == Some(bytes), "{key}");
+        }
+    }
+    keys
+}
+
+#[test]
+fn cleaning_keeps_what_was_read_and_drops_the_rest() {
+    let (_dev, store, _) = lru_store(12);
+    let keys = fill(&store);
+    let mut cleaned = 0;
+    while store.clean_now().unwrap().is_some() {
+        cleaned += 1;
+        assert!(cleaned < 20, "cleaning does not converge");
+    }
+    assert!(cleaned >= 2, "cleaned {cleaned} segments");
+    let stats = store.stats();
+    assert!(stats.relocated_records > 0 && stats.write_amplification > 0.0, "{stats:?}");
+    let mut dropped_cold = 0;
+    for (key, (bytes, read)) in &keys {
+        match get(&store, key) {
+            Some(got) => assert!(got == *bytes, "{key}: other bytes after relocation"),
+            None => {
+                assert!(!read, "{key} was read but cleaning dropped it");
+                dropped_cold += 1;
+            }
+        }
+    }
+    assert!(dropped_cold > 0, "cleaning dropped nothing cold");
+}
+
+#[test]
+fn a_crash_or_write_error_at_any_point_of_cleaning_loses_nothing_kept() {
+    for fail_at in 1..12u64 {
+        for mode in [CrashMode::KeepAll, CrashMode::DropAll, CrashMode::Random(fail_at)] {
+            let (dev, store, opts) = lru_store(12);
+            let keys = fill(&store);
+            // Make the fail_at-th write of cleaning fail: everything kept must survive, in place
+            // or relocated.
+            dev.fail_nth(FaultKind::Write, fail_at);
+            let outcome = store.clean_now();
+            let crashed = Arc::new(dev.crash(mode));
+            std::mem::forget(store);
+            let after = Store::open_on(crashed, opts.clone()).unwrap();
+            for (key, (bytes, read)) in &keys {
+                match get(&after, key) {
+                    Some(got) => assert!(got == *bytes, "{key}: other bytes (write {fail_at} failed, {mode:?})"),
+                    None => assert!(
+                        outcome.as_ref().is_ok_and(Option::is_some) && !read,
+                        "{key} lost although cleaning {} (write {fail_at} failed, {mode:?})",
+                        if outcome.is_ok() { "finished" } else { "failed" }
+                    ),
+                }
+            }
+            assert_eq!(after.stats().read_errors, 0);
+        }
+    }
+}
+
+#[test]
+fn the_background_cleaner_keeps_a_hot_set_through_many_volumes_of_puts() {
+    let (_dev, store, _) = lru_store(10);
+    let hot: Vec<(String, Vec<u8>)> = (0..5u64).map(|i| (format!("hot{i}"), block(1000 + i, 60_000))).collect();
+    for (k, b) in &hot {
+        store.put("default", k, b, &synced()).unwrap();
+    }
+    // 30 volumes' worth of cold puts, the hot set read between them.
+    for i in 0..3000u64 {
+        store.put("default", &format!("cold{i}"), &block(i, 100_000), &PutOptions::default()).unwrap();
+        if i % 20 == 0 {
+            for (k, b) in &hot {
+                let got = get(&store, k);
+                assert!(
+                    got.as_ref() == Some(b),
+                    "{k} lost or changed after {i} cold puts ({:?} bytes)",
+                    got.map(|g| g.len())
+                );
+            }
+        }
+    }
+    let stats = store.stats();
+    assert!(stats.segments_cleaned > 0, "the background cleaner never ran: {stats:?}");
+    assert!(stats.write_amplification < 1.0, "write amplification {}", stats.write_amplification);
+}
