@@ -6,6 +6,13 @@
 
 use kvhoard_format::Dtype;
 
+#[cfg(target_arch = "x86_64")]
+use crate::simd::Kind;
+use crate::simd::Level;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
 /// Element arithmetic on a block's dtype (the one [`Dtype`] of `kvhoard-format`): its size, and
 /// decoding to and encoding from `f32`. Integer dtypes convert by value (`u8` 200 is 200.0,
 /// encoded back rounded and clamped to 0..=255); `f64` rounds to the nearest `f32`.
@@ -44,87 +51,127 @@ impl Elements for Dtype {
         }
     }
 
-    /// Decodes `out.len()` consecutive elements from the start of `bytes`.
+    /// Decodes `out.len()` consecutive elements from the start of `bytes`, with the widest
+    /// instruction set this CPU has (every one gives the same values).
     fn load(self, bytes: &[u8], out: &mut [f32]) {
-        let n = out.len();
-        match self {
-            Dtype::Bf16 => {
-                for (o, b) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
-                    *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-                }
-            }
-            Dtype::F16 => {
-                for (o, b) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
-                    *o = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-                }
-            }
-            Dtype::F32 => {
-                for (o, b) in out.iter_mut().zip(bytes[..4 * n].chunks_exact(4)) {
-                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-            Dtype::F8E4M3 => {
-                for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
-                    *o = E4M3_TABLE[b as usize];
-                }
-            }
-            Dtype::F8E5M2 => {
-                for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
-                    *o = E5M2_TABLE[b as usize];
-                }
-            }
-            Dtype::Bytes | Dtype::U8 => {
-                for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
-                    *o = f32::from(b);
-                }
-            }
-            Dtype::F64 => {
-                for (o, b) in out.iter_mut().zip(bytes[..8 * n].chunks_exact(8)) {
-                    *o = f64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f32;
-                }
-            }
-        }
+        load_at(Level::best(), self, bytes, out);
     }
 
     /// Encodes `values` into the start of `bytes`, rounding to nearest, ties to even.
     fn store(self, values: &[f32], bytes: &mut [u8]) {
-        let n = values.len();
-        match self {
-            Dtype::Bf16 => {
-                for (v, b) in values.iter().zip(bytes[..2 * n].chunks_exact_mut(2)) {
-                    b.copy_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes());
-                }
+        store_at(Level::best(), self, values, bytes);
+    }
+}
+
+/// [`Elements::load`] on instruction set `level`.
+pub(crate) fn load_at(level: Level, dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
+    // Too short an input panics here, as it always has.
+    let bytes = &bytes[..out.len() * dtype.size()];
+    #[cfg(target_arch = "x86_64")]
+    if level.kind() == Kind::Avx2 && matches!(dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32) {
+        // SAFETY: a level of kind Avx2 exists only where AVX2, FMA and F16C were detected
+        // (simd.rs), the target features `avx2::load` is compiled for.
+        unsafe { avx2::load(dtype, bytes, out) };
+        return;
+    }
+    let _ = level;
+    load_scalar(dtype, bytes, out);
+}
+
+/// [`Elements::store`] on instruction set `level`.
+pub(crate) fn store_at(level: Level, dtype: Dtype, values: &[f32], bytes: &mut [u8]) {
+    let bytes = &mut bytes[..values.len() * dtype.size()];
+    #[cfg(target_arch = "x86_64")]
+    if level.kind() == Kind::Avx2 && matches!(dtype, Dtype::Bf16 | Dtype::F16 | Dtype::F32) {
+        // SAFETY: a level of kind Avx2 exists only where AVX2, FMA and F16C were detected
+        // (simd.rs), the target features `avx2::store` is compiled for.
+        unsafe { avx2::store(dtype, values, bytes) };
+        return;
+    }
+    let _ = level;
+    store_scalar(dtype, values, bytes);
+}
+
+/// The scalar reference of [`Elements::load`].
+pub(crate) fn load_scalar(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    match dtype {
+        Dtype::Bf16 => {
+            for (o, b) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
+                *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
             }
-            Dtype::F16 => {
-                for (v, b) in values.iter().zip(bytes[..2 * n].chunks_exact_mut(2)) {
-                    b.copy_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes());
-                }
+        }
+        Dtype::F16 => {
+            for (o, b) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
+                *o = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
             }
-            Dtype::F32 => {
-                for (v, b) in values.iter().zip(bytes[..4 * n].chunks_exact_mut(4)) {
-                    b.copy_from_slice(&v.to_le_bytes());
-                }
+        }
+        Dtype::F32 => {
+            for (o, b) in out.iter_mut().zip(bytes[..4 * n].chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
-            Dtype::F8E4M3 => {
-                for (v, b) in values.iter().zip(&mut bytes[..n]) {
-                    *b = f32_to_fp8(*v, &E4M3);
-                }
+        }
+        Dtype::F8E4M3 => {
+            for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
+                *o = E4M3_TABLE[b as usize];
             }
-            Dtype::F8E5M2 => {
-                for (v, b) in values.iter().zip(&mut bytes[..n]) {
-                    *b = f32_to_fp8(*v, &E5M2);
-                }
+        }
+        Dtype::F8E5M2 => {
+            for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
+                *o = E5M2_TABLE[b as usize];
             }
-            Dtype::Bytes | Dtype::U8 => {
-                for (v, b) in values.iter().zip(&mut bytes[..n]) {
-                    // `as` saturates and maps NaN to 0.
-                    *b = v.round_ties_even() as u8;
-                }
+        }
+        Dtype::Bytes | Dtype::U8 => {
+            for (o, &b) in out.iter_mut().zip(&bytes[..n]) {
+                *o = f32::from(b);
             }
-            Dtype::F64 => {
-                for (v, b) in values.iter().zip(bytes[..8 * n].chunks_exact_mut(8)) {
-                    b.copy_from_slice(&f64::from(*v).to_le_bytes());
-                }
+        }
+        Dtype::F64 => {
+            for (o, b) in out.iter_mut().zip(bytes[..8 * n].chunks_exact(8)) {
+                *o = f64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f32;
+            }
+        }
+    }
+}
+
+/// The scalar reference of [`Elements::store`].
+pub(crate) fn store_scalar(dtype: Dtype, values: &[f32], bytes: &mut [u8]) {
+    let n = values.len();
+    match dtype {
+        Dtype::Bf16 => {
+            for (v, b) in values.iter().zip(bytes[..2 * n].chunks_exact_mut(2)) {
+                b.copy_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes());
+            }
+        }
+        Dtype::F16 => {
+            for (v, b) in values.iter().zip(bytes[..2 * n].chunks_exact_mut(2)) {
+                b.copy_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes());
+            }
+        }
+        Dtype::F32 => {
+            for (v, b) in values.iter().zip(bytes[..4 * n].chunks_exact_mut(4)) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        Dtype::F8E4M3 => {
+            for (v, b) in values.iter().zip(&mut bytes[..n]) {
+                *b = f32_to_fp8(*v, &E4M3);
+            }
+        }
+        Dtype::F8E5M2 => {
+            for (v, b) in values.iter().zip(&mut bytes[..n]) {
+                *b = f32_to_fp8(*v, &E5M2);
+            }
+        }
+        Dtype::Bytes | Dtype::U8 => {
+            for (v, b) in values.iter().zip(&mut bytes[..n]) {
+                // `as` saturates and maps NaN to 0.
+                *b = v.round_ties_even() as u8;
+            }
+        }
+        Dtype::F64 => {
+            for (v, b) in values.iter().zip(bytes[..8 * n].chunks_exact_mut(8)) {
+                b.copy_from_slice(&f64::from(*v).to_le_bytes());
             }
         }
     }
@@ -141,7 +188,7 @@ pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
 #[inline]
 pub(crate) fn f32_to_bf16_finite(value: f32) -> u16 {
     let bits = value.to_bits();
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+    (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
 }
 
 /// The shape of an 8-bit float format.
@@ -238,6 +285,76 @@ fn f32_to_fp8(value: f32, format: &Fp8) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
+    use crate::simd::testing;
+
+    /// f32 values that exercise every conversion: every bf16 and f16 value widened, ties and
+    /// near-ties of both, subnormals, overflow, NaNs with payloads and random bit patterns.
+    fn hard_f32s() -> Vec<f32> {
+        let mut values: Vec<f32> = Vec::new();
+        for bits in 0..=u16::MAX {
+            let wide = (bits as u32) << 16;
+            values.extend([wide, wide | 0x8000, wide | 0x7fff, wide | 0x8001, wide | 0x1].map(f32::from_bits));
+            let h = half::f16::from_bits(bits).to_f32_const().to_bits();
+            values.extend([h, h + 0x1000, h.wrapping_sub(0x1000), h + 0xfff, h + 0x1001].map(f32::from_bits));
+        }
+        let mut rng = Rng::new(0x5eed_0201);
+        values.extend((0..100_000).map(|_| f32::from_bits(rng.next_u64() as u32)));
+        values.extend([65504.0, 65519.99, 65520.0, 1e10, -1e10, 6e-8, 3e-8, 2.9e-8, f32::MIN_POSITIVE, -0.0]);
+        values
+    }
+
+    #[test]
+    fn every_level_loads_and_stores_like_the_scalar_reference() {
+        let levels = testing::levels("element load and store (bf16, f16, f32, fp8) against the scalar reference");
+        let values = hard_f32s();
+        for dtype in FLOAT_DTYPES.into_iter().chain([Dtype::F64, Dtype::U8]) {
+            // Odd lengths leave a tail for the scalar code.
+            for len in [values.len(), 1, 15, 17, 33] {
+                let values = &values[..len];
+                let mut reference = vec![0u8; len * dtype.size()];
+                store_scalar(dtype, values, &mut reference);
+                let mut reference_back = vec![0f32; len];
+                load_scalar(dtype, &reference, &mut reference_back);
+                let reference_back: Vec<u32> = reference_back.iter().map(|x| x.to_bits()).collect();
+                for &level in &levels {
+                    let mut bytes = vec![0u8; len * dtype.size()];
+                    store_at(level, dtype, values, &mut bytes);
+                    assert!(bytes == reference, "{dtype} store differs on {}", level.name());
+                    let mut back = vec![0f32; len];
+                    load_at(level, dtype, &bytes, &mut back);
+                    assert!(
+                        back.iter().map(|x| x.to_bits()).eq(reference_back.iter().copied()),
+                        "{dtype} load differs on {}",
+                        level.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_conversions_match_half_in_software() {
+        // The scalar reference uses `half`, which uses F16C where the CPU has it; both must be
+        // the software conversion.
+        let values = hard_f32s();
+        for &level in &testing::levels("f16 conversions against half's software conversion") {
+            let mut bytes = vec![0u8; values.len() * 2];
+            store_at(level, Dtype::F16, &values, &mut bytes);
+            for (x, b) in values.iter().zip(bytes.chunks_exact(2)) {
+                let want = half::f16::from_f32_const(*x).to_bits();
+                let got = u16::from_le_bytes([b[0], b[1]]);
+                assert!(got == want, "{x:e} ({:#x}) on {}: {got:#x}, not {want:#x}", x.to_bits(), level.name());
+            }
+            let every: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+            let mut wide = vec![0f32; 1 << 16];
+            load_at(level, Dtype::F16, &every, &mut wide);
+            for (bits, x) in (0..=u16::MAX).zip(&wide) {
+                let want = half::f16::from_bits(bits).to_f32_const();
+                assert!(x.to_bits() == want.to_bits(), "{bits:#x} on {}", level.name());
+            }
+        }
+    }
 
     #[test]
     fn fp8_tables_match_known_values() {

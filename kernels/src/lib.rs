@@ -23,6 +23,7 @@ pub mod quality;
 mod queries;
 pub mod rng;
 mod shape;
+mod simd;
 mod spec;
 pub mod synth;
 
@@ -34,6 +35,13 @@ pub use positions::Positions;
 pub use queries::Queries;
 pub use shape::{KvLayout, KvShape, MAX_RAW_BYTES};
 pub use spec::{CodecSpec, DropMethod, DropSpec, Encoding};
+
+/// The instruction set the CPU codecs run on here: `"avx2"` (AVX2, FMA and F16C were detected)
+/// or `"scalar"` (the portable reference; also with `KVHOARD_SIMD=scalar` in the environment).
+/// Every one gives the same bytes (docs/decisions/0006-simd-dispatch.md).
+pub fn cpu_kernels() -> &'static str {
+    simd::Level::best().name()
+}
 
 /// What can go wrong in a codec. Nothing here is a panic: codec parameters and payloads come from
 /// disk and the network, specs from users.

@@ -62,10 +62,24 @@ pub fn run(args: &CodecsArgs) -> anyhow::Result<std::process::ExitCode> {
         let synth = Synth::new((size / LAYER_BYTES) as u32, TOKENS, KV_HEADS, HEAD_DIM, args.seed);
         let data = synth.generate();
         let queries = synth.queries(WINDOW, GROUP);
+        // The reference every codec is compared with: copying the block, on the same core.
+        let memcpy_gbps = memcpy_gbps(&data, min_time);
+        let reference = memcpy_row(data.len(), memcpy_gbps);
+        if !args.json {
+            print_row(&reference, results.is_empty());
+        }
+        results.push(reference);
         for spec in &specs {
             bar.set_message(format!("{spec} on {} MiB", size >> 20));
-            let result = measure(spec, &synth, &data, &queries, min_time)
+            let mut result = measure(spec, &synth, &data, &queries, min_time)
                 .with_context(|| format!("measuring {spec} on a {} MiB block", size >> 20))?;
+            if let Value::Object(fields) = &mut result {
+                let of_memcpy = |key: &str| round(fields[key].as_f64().unwrap_or(0.0) / memcpy_gbps, 3);
+                let (compress, decompress) = (of_memcpy("compress_gbps"), of_memcpy("decompress_gbps"));
+                fields.insert("memcpy_gbps".into(), json!(memcpy_gbps));
+                fields.insert("compress_of_memcpy".into(), json!(compress));
+                fields.insert("decompress_of_memcpy".into(), json!(decompress));
+            }
             if !args.json {
                 print_row(&result, results.is_empty());
             }
@@ -121,7 +135,42 @@ fn measure(
         "error_with_queries": round(with_queries.mean_error() as f64, 5),
         "lost_mass": round(with_queries.mean_lost_mass() as f64, 5),
         "quality_ms": round(quality_ms, 1),
+        "cpu_kernels": kvhoard_kernels::cpu_kernels(),
     }))
+}
+
+/// GB/s of copying `data` into another buffer (touched once first), on one thread.
+fn memcpy_gbps(data: &[u8], min_time: Duration) -> f64 {
+    let mut copy = vec![0u8; data.len()];
+    copy.copy_from_slice(data);
+    let seconds = time(min_time, || {
+        copy.copy_from_slice(std::hint::black_box(data));
+        std::hint::black_box(&mut copy);
+        Ok(())
+    })
+    .unwrap_or(f64::INFINITY);
+    round(data.len() as f64 / seconds / 1e9, 3)
+}
+
+/// The memcpy reference as a row of the table: ratio 1, both directions a copy.
+fn memcpy_row(block_bytes: usize, gbps: f64) -> Value {
+    json!({
+        "codec": "memcpy",
+        "params": "",
+        "block_bytes": block_bytes,
+        "stored_bytes": block_bytes,
+        "size_ratio": 1.0,
+        "compress_gbps": gbps,
+        "decompress_gbps": gbps,
+        "error": 0.0,
+        "error_with_queries": 0.0,
+        "lost_mass": 0.0,
+        "quality_ms": 0.0,
+        "memcpy_gbps": gbps,
+        "compress_of_memcpy": 1.0,
+        "decompress_of_memcpy": 1.0,
+        "cpu_kernels": kvhoard_kernels::cpu_kernels(),
+    })
 }
 
 /// Seconds per call of `f`, over at least `min_time` and three calls.
@@ -143,8 +192,18 @@ fn round(x: f64, digits: i32) -> f64 {
 fn print_row(r: &Value, header: bool) {
     if header {
         println!(
-            "{:<50} {:>6} {:>6} {:>9} {:>11} {:>8} {:>9} {:>9} {:>8}",
-            "codec", "MiB", "ratio", "comp GB/s", "decomp GB/s", "E", "E queries", "lost mass", "E ms"
+            "{:<50} {:>6} {:>6} {:>9} {:>11} {:>8} {:>9} {:>9} {:>8} {:>7} {:>9}",
+            "codec",
+            "MiB",
+            "ratio",
+            "comp GB/s",
+            "decomp GB/s",
+            "E",
+            "E queries",
+            "lost mass",
+            "E ms",
+            "comp/mc",
+            "decomp/mc"
         );
     }
     let name = match r["params"].as_str() {
@@ -152,7 +211,7 @@ fn print_row(r: &Value, header: bool) {
         Some(p) => format!("{} {p}", r["codec"].as_str().unwrap_or("")),
     };
     println!(
-        "{:<50} {:>6} {:>6.3} {:>9.2} {:>11.2} {:>8.4} {:>9.4} {:>9.4} {:>8.1}",
+        "{:<50} {:>6} {:>6.3} {:>9.2} {:>11.2} {:>8.4} {:>9.4} {:>9.4} {:>8.1} {:>7.3} {:>9.3}",
         name,
         r["block_bytes"].as_u64().unwrap_or(0) >> 20,
         r["size_ratio"].as_f64().unwrap_or(0.0),
@@ -162,5 +221,7 @@ fn print_row(r: &Value, header: bool) {
         r["error_with_queries"].as_f64().unwrap_or(0.0),
         r["lost_mass"].as_f64().unwrap_or(0.0),
         r["quality_ms"].as_f64().unwrap_or(0.0),
+        r["compress_of_memcpy"].as_f64().unwrap_or(0.0),
+        r["decompress_of_memcpy"].as_f64().unwrap_or(0.0),
     );
 }
