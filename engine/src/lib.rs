@@ -63,11 +63,12 @@ pub use kvhoard_kernels::{CodecSpec, Positions};
 pub use log::Loc;
 pub use options::{CreateOptions, Durability, PutOptions, ReadOptions, StoreOptions};
 pub use policy::Policy;
+pub use reclaim::cleaner::free_target as cleaner_free_target;
 pub use recovery::RecoveryReport;
 pub use store::{
     CodecStats, ListCursor, ListEntry, ListPage, NamespaceStats, PolicyStats, Resident, Stats, Store,
     DIRECT_READ_MIN_BYTES,
 };
-pub use volume::VolumeFiles;
+pub use volume::{directory_segment_count, VolumeFiles};
 
 pub use kvhoard_format as format;

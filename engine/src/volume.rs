@@ -161,6 +161,13 @@ pub fn plan(
     Ok(sb)
 }
 
+/// Segments a volume created with `opts` in a directory will hold (its checkpoints kept in files
+/// beside the data, as `Store::create` on a directory does): what tools that model a volume need
+/// to lay theirs out the same way.
+pub fn directory_segment_count(opts: &CreateOptions) -> Result<u32> {
+    plan(u64::MAX, opts, false, [0; 16], 0).map(|sb| sb.segment_count)
+}
+
 /// Writes both superblock copies and clears every segment header, then syncs.
 pub fn format(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     let zero = AlignedBuf::zeroed(UNIT_BYTES as usize);

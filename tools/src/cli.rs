@@ -70,6 +70,34 @@ pub enum Command {
         #[command(flatten)]
         flags: crate::commands::keys::PutFlags,
     },
+    /// Replay a request trace (Mooncake's format) through the engine or its simulator.
+    ///
+    /// Each request looks up its longest stored prefix, loads it, prefills the rest on a
+    /// modelled GPU and stores what it computed. Reports hit rate, TTFT (queueing + prefill +
+    /// measured loads), quality of what compressed hits served, write amplification; `--plot
+    /// DIR` draws TTFT distributions, hit rate and stored bytes over time, quality against TTFT.
+    /// `--sim` runs the engine's placement code on metadata (a whole trace in seconds), `--volume
+    /// DIR` the real engine on generated blocks (`--scale` shrinks them), `--compare DIR` both.
+    /// docs/replay.md describes the model and its assumptions.
+    Replay(crate::replay::ReplayArgs),
+    /// Make request traces with a chosen reuse structure, or measure a trace's reuse.
+    ///
+    /// `kvhoard trace generate --shape documents|sessions` writes Mooncake-format JSON lines
+    /// (deterministic in `--seed`); `kvhoard trace stats TRACE` prints requests, distinct
+    /// blocks, the hit rate of an unbounded cache and how many blocks are read again.
+    Trace {
+        #[command(subcommand)]
+        what: TraceCommand,
+    },
+    /// Plan capacity for a trace.
+    ///
+    /// `kvhoard plan capacity --trace T`: the Pareto frontier of memory and storage cost, mean
+    /// TTFT and throughput over DRAM size × SSD size × TTL, each point a simulator replay of the
+    /// whole trace, found by an adaptive search (or `--grid`, every point). docs/replay.md.
+    Plan {
+        #[command(subcommand)]
+        what: PlanCommand,
+    },
     /// Show or set a namespace's policy: its default codec, and whether lossy codecs may be
     /// applied in it.
     ///
@@ -324,7 +352,10 @@ pub enum BenchSuite {
     /// 10^9 bytes of the uncompressed block per second, on one thread. E is the mean over layers
     /// and heads of the attention-output error on probes derived from the block's keys;
     /// error_with_queries uses the generator's own queries, lost_mass the attention mass those
-    /// queries put on dropped tokens. quality_ms is the time to compute E for one block.
+    /// queries put on dropped tokens. quality_ms is the time to compute E for one block. A
+    /// memcpy row gives the physical limit of one core on the same buffers; the kernels are the
+    /// widest this CPU runs (AVX2 where present), `KVHOARD_SIMD=scalar` measures the portable
+    /// ones (decision 0006).
     Codecs(CodecsArgs),
 }
 
@@ -347,4 +378,28 @@ pub struct CodecsArgs {
     /// Print one JSON array, one object per codec and size.
     #[arg(long)]
     pub json: bool,
+}
+
+/// What `trace` does.
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// Write a generated trace: `sessions` (multi-turn conversations, like Mooncake's) or
+    /// `documents` (whole documents by a Zipf law, each with a question of its own).
+    Generate(crate::replay::generate::GenerateArgs),
+    /// Measure a trace's reuse.
+    Stats {
+        /// The trace (Mooncake's JSON lines).
+        trace: std::path::PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What `plan` plans.
+#[derive(Debug, Subcommand)]
+pub enum PlanCommand {
+    /// The DRAM, SSD and TTL a trace needs: the frontier of cost against mean TTFT and
+    /// throughput, its hypervolume, and how many configurations the search evaluated.
+    Capacity(crate::replay::plan::CapacityArgs),
 }

@@ -3,6 +3,8 @@
 mod cli;
 mod commands;
 mod flags;
+mod plot;
+mod replay;
 mod size;
 
 use std::process::ExitCode;
@@ -28,6 +30,12 @@ fn main() -> ExitCode {
             commands::keys::put(&volume, &ns.namespace, &key, file.as_deref(), &flags, opts)
         }
         Command::Ns { action } => commands::ns::run(&action, opts),
+        Command::Replay(args) => replay::run(&args, opts),
+        Command::Plan { what: cli::PlanCommand::Capacity(args) } => replay::plan::run(&args, opts),
+        Command::Trace { what: cli::TraceCommand::Generate(args) } => replay::generate::generate(&args),
+        Command::Trace { what: cli::TraceCommand::Stats { trace, json } } => {
+            replay::generate::print_stats(&trace, json)
+        }
         Command::Get { volume, key, output, ns, verify } => {
             commands::keys::get(&volume, &ns.namespace, &key, output.as_deref(), verify, opts)
         }

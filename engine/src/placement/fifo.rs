@@ -34,7 +34,7 @@ mod tests {
 
     #[test]
     fn the_oldest_segment_is_the_victim() {
-        let v = |index, seq| SegmentView { index, seq, created_unix_ms: 0, end_unit: 1 };
+        let v = |index, seq| SegmentView { index, seq, created_unix_ms: 0, end_unit: 1, live_units: 0 };
         assert_eq!(Fifo.victim(&[v(0, 9), v(1, 3), v(2, 5)]), 1);
         assert_eq!(Fifo::oldest(&[]), None);
     }

@@ -45,7 +45,7 @@ impl CleanerControl {
 }
 
 /// Free segments the cleaner keeps: a sixteenth of the volume, at least two.
-pub(crate) fn free_target(segments: u32) -> u32 {
+pub fn free_target(segments: u32) -> u32 {
     (segments / 16).max(2)
 }
 

@@ -7,7 +7,7 @@
 //! cache drops what the segment holds; a put never fails for lack of space.
 
 pub(crate) mod clean;
-pub(crate) mod cleaner;
+pub mod cleaner;
 pub(crate) mod pins;
 
 use std::sync::atomic::Ordering;

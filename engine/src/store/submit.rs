@@ -74,7 +74,6 @@ impl Parts {
     /// until everything before them is written too.
     pub(crate) fn write_jobs(&self, jobs: &[WriteJob]) -> Result<()> {
         let parts = self;
-        let jobs = jobs;
         let bytes: usize = jobs.iter().map(|j| j.buf.len()).sum();
         let workers = jobs.len().min(WRITE_PARALLELISM);
         let first_error = if workers > 1 && bytes >= PARALLEL_MIN_BYTES {

@@ -1,0 +1,220 @@
+//! What every replay shares, whoever runs it (`kvhoard replay`, `kvhoard plan capacity`): the
+//! trace, the served model and GPUs, and what the simulator charges for loads, from flags,
+//! measurements, or defaults for a serving node.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use kvhoard_engine::StoreOptions;
+use serde_json::Value;
+
+use super::engine;
+use super::model::{block_bytes, Gpu, Profile};
+use super::run::Settings;
+use super::sim::Bandwidths;
+use super::trace::Trace;
+
+/// The flags describing the serving side of a replay: model, GPUs, the speeds loads are
+/// charged at, and which part of the trace to replay how fast.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServingArgs {
+    /// The served model: llama-3.1-8b or llama-3.1-70b.
+    #[arg(long, default_value = "llama-3.1-8b", value_name = "NAME")]
+    pub model: String,
+    /// KV bytes per token, for another KV geometry than the model's (an fp8 cache: half); a
+    /// multiple of the bytes one KV head takes across the model's layers.
+    #[arg(long, value_name = "BYTES")]
+    pub bytes_per_token: Option<u64>,
+    /// GPU dense bf16 peak in TFLOPS (H100 SXM: 989).
+    #[arg(long, default_value_t = 989.0, value_name = "TFLOPS")]
+    pub gpu_tflops: f64,
+    /// Fraction of the GPU's peak a prefill sustains.
+    #[arg(long, default_value_t = 0.5, value_name = "F")]
+    pub mfu: f64,
+    /// GPUs serving prefills; a request waits for the first one free. The shared trace needs
+    /// about 1.3 GPUs of prefill without a cache (8B model at the default MFU).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub gpus: usize,
+    /// DRAM tier bandwidth the simulator charges, GB/s [default: from --measured, else measured
+    /// on DIR with --compare, else 20: host memory to GPU over PCIe 4 x16].
+    #[arg(long, value_name = "GBPS")]
+    pub dram_gbps: Option<f64>,
+    /// Log read bandwidth the simulator charges, GB/s [default: from --measured, else measured on
+    /// DIR with --compare, else 6: one PCIe 4 NVMe drive's sequential reads].
+    #[arg(long, value_name = "GBPS")]
+    pub ssd_gbps: Option<f64>,
+    /// `kvhoard bench DIR --json` outputs (one object per line, or an array) to take the
+    /// simulator's bandwidths from: get_mbps of a `"tier": "ssd"` run and of a `"tier": "dram"`
+    /// run.
+    #[arg(long, value_name = "FILE")]
+    pub measured: Option<PathBuf>,
+    /// Cores decoding compressed hits in parallel [default: this machine's].
+    #[arg(long, value_name = "N")]
+    pub decode_cores: Option<f64>,
+    /// Replay only the first N requests.
+    #[arg(long, value_name = "N")]
+    pub requests: Option<usize>,
+    /// Speed arrivals up by this factor.
+    #[arg(long, default_value_t = 1.0, value_name = "F")]
+    pub time_scale: f64,
+}
+
+/// Everything a replay needs besides a policy and tier sizes.
+pub struct Setup {
+    /// The (possibly sliced) trace.
+    pub trace: Trace,
+    /// The served model.
+    pub model: Profile,
+    /// One serving GPU.
+    pub gpu: Gpu,
+    /// Serving GPUs.
+    pub gpus: usize,
+    /// Arrivals sped up by this factor.
+    pub time_scale: f64,
+    /// Bytes of one trace block at the model's size.
+    pub raw_block: u64,
+    /// What the simulator charges loads.
+    pub bandwidths: Bandwidths,
+    /// I/O options for real-engine replays.
+    pub store: StoreOptions,
+}
+
+impl Setup {
+    /// Reads the trace and resolves the flags; `calibrate_on` (a directory on the disk under
+    /// test) measures the bandwidths there when no flag or file gives them.
+    pub fn new(
+        trace: &Path,
+        args: &ServingArgs,
+        store: StoreOptions,
+        calibrate_on: Option<(&Path, u64)>,
+    ) -> anyhow::Result<Setup> {
+        let mut trace = Trace::read(trace)?;
+        if let Some(n) = args.requests {
+            trace = trace.slice(n);
+        }
+        let mut model = Profile::named(&args.model)?;
+        if let Some(bytes) = args.bytes_per_token {
+            model = model.with_bytes_per_token(bytes)?;
+        }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(args.time_scale) || !positive(args.mfu) || !positive(args.gpu_tflops) || args.gpus == 0 {
+            bail!("--time-scale, --mfu, --gpu-tflops and --gpus must be positive");
+        }
+        let bandwidths = bandwidths(args, model, &store, calibrate_on)?;
+        Ok(Setup {
+            trace,
+            model,
+            gpu: Gpu { peak_flops: args.gpu_tflops * 1e12, mfu: args.mfu },
+            gpus: args.gpus,
+            time_scale: args.time_scale,
+            raw_block: block_bytes(&model, 1),
+            bandwidths,
+            store,
+        })
+    }
+
+    /// Bytes of every distinct block of the trace, at the model's size.
+    pub fn distinct_bytes(&self) -> u64 {
+        self.trace.distinct_blocks() * self.raw_block
+    }
+
+    /// A tier size: `bytes` if given, else `fraction` of the distinct bytes.
+    pub fn size(&self, bytes: Option<u64>, fraction: Option<f64>, default_fraction: f64) -> anyhow::Result<u64> {
+        let f = fraction.unwrap_or(default_fraction);
+        if !(0.0..=1000.0).contains(&f) {
+            bail!("a tier fraction must be between 0 and 1000, not {f}");
+        }
+        Ok(bytes.unwrap_or((self.distinct_bytes() as f64 * f) as u64))
+    }
+
+    /// The replay loop's settings for codecs `codecs`.
+    pub fn settings(&self, codecs: Vec<super::model::CodecFacts>) -> Settings {
+        Settings { model: self.model, gpu: self.gpu, gpus: self.gpus, time_scale: self.time_scale, codecs }
+    }
+}
+
+/// What the simulator charges loads: flags first, then `--measured`, then a measurement on the
+/// calibration directory, then defaults for a serving node (one PCIe 4 NVMe drive, PCIe 4 x16
+/// host-to-GPU copies).
+fn bandwidths(
+    args: &ServingArgs,
+    model: Profile,
+    store: &StoreOptions,
+    calibrate_on: Option<(&Path, u64)>,
+) -> anyhow::Result<Bandwidths> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
+    let mut bw = Bandwidths { dram_bps: 20e9, ssd_bps: 6e9, decode_cores: cores };
+    if let Some(path) = &args.measured {
+        let (ssd, dram) = measured_bandwidths(path)?;
+        bw.ssd_bps = ssd.unwrap_or(bw.ssd_bps);
+        bw.dram_bps = dram.unwrap_or(bw.dram_bps);
+    } else if let Some((dir, scale)) = calibrate_on {
+        if args.ssd_gbps.is_none() || args.dram_gbps.is_none() {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            bw = engine::calibrate(dir, model, scale, store)?;
+        }
+    }
+    if let Some(gbps) = args.ssd_gbps {
+        bw.ssd_bps = gbps * 1e9;
+    }
+    if let Some(gbps) = args.dram_gbps {
+        bw.dram_bps = gbps * 1e9;
+    }
+    if let Some(cores) = args.decode_cores {
+        bw.decode_cores = cores;
+    }
+    if !(bw.ssd_bps > 0.0 && bw.dram_bps > 0.0 && bw.decode_cores >= 1.0) {
+        bail!("bandwidths must be positive and --decode-cores at least 1");
+    }
+    Ok(bw)
+}
+
+/// The log and DRAM-tier get bandwidths (bytes/s) in `kvhoard bench --json` output.
+fn measured_bandwidths(path: &Path) -> anyhow::Result<(Option<f64>, Option<f64>)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let values: Vec<Value> = match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Array(items)) => items,
+        Ok(one) => vec![one],
+        Err(_) => text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| {
+                serde_json::from_str(l).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let mut found = (None, None);
+    for v in &values {
+        let Some(mbps) = v.get("get_mbps").and_then(Value::as_f64) else { continue };
+        match v.get("tier").and_then(Value::as_str) {
+            Some("ssd") => found.0 = Some(mbps * 1e6),
+            Some("dram") => found.1 = Some(mbps * 1e6),
+            _ => {}
+        }
+    }
+    if found == (None, None) {
+        bail!("{}: no `kvhoard bench --json` result with get_mbps and tier \"ssd\" or \"dram\"", path.display());
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_output_gives_the_bandwidths() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bench.json");
+        std::fs::write(&path, "{\"tier\": \"ssd\", \"get_mbps\": 1500.0}\n{\"tier\": \"dram\", \"get_mbps\": 9000}\n")
+            .expect("write");
+        assert_eq!(measured_bandwidths(&path).expect("reads"), (Some(1.5e9), Some(9e9)));
+        std::fs::write(&path, "[{\"tier\": \"ssd\", \"get_mbps\": 700}]").expect("write");
+        assert_eq!(measured_bandwidths(&path).expect("reads"), (Some(7e8), None));
+        std::fs::write(&path, "{\"put_mbps\": 1}").expect("write");
+        assert!(format!("{:#}", measured_bandwidths(&path).unwrap_err()).contains("no `kvhoard bench --json` result"));
+        std::fs::write(&path, "{\"tier\": \"ssd\", \"get_mbps\": 1}\nnot json\n").expect("write");
+        assert!(format!("{:#}", measured_bandwidths(&path).unwrap_err()).contains("line 2"));
+    }
+}

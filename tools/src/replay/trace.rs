@@ -1,0 +1,152 @@
+//! Request traces in Mooncake's format: one JSON object per line, in arrival order, with
+//! `timestamp` (ms from the start), `input_length` and `output_length` (tokens) and `hash_ids`
+//! (one id per 512-token block of the prompt, prefix-chained: requests sharing a prefix share
+//! its leading ids, and an id always stands for the same content). Other fields are ignored;
+//! a line that is not such an object is refused with its number.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+
+/// Tokens one trace block stands for.
+pub const BLOCK_TOKENS: u64 = 512;
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Arrival, ms from the start of the trace.
+    pub timestamp_ms: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Generated tokens.
+    pub output_tokens: u64,
+    /// The prompt's blocks, in order.
+    pub blocks: Vec<u64>,
+}
+
+/// A whole trace.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    /// Requests in arrival order.
+    pub requests: Vec<Request>,
+}
+
+#[derive(serde::Deserialize)]
+struct Line {
+    timestamp: u64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+}
+
+impl Trace {
+    /// Reads a trace file.
+    pub fn read(path: &Path) -> anyhow::Result<Trace> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read the trace {}", path.display()))?;
+        Trace::parse(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// Parses a trace; fails at the first bad line, saying which and why.
+    pub fn parse(text: &str) -> anyhow::Result<Trace> {
+        let mut requests = Vec::new();
+        let mut last = 0;
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let l: Line = serde_json::from_str(line).with_context(|| {
+                format!(
+                    "line {n} is not a request (a JSON object with timestamp, input_length, output_length, hash_ids)"
+                )
+            })?;
+            if l.timestamp < last {
+                bail!(
+                    "line {n}: timestamp {} is before the previous line's ({last}); requests must be in arrival order",
+                    l.timestamp
+                );
+            }
+            if l.hash_ids.is_empty() && l.input_length > 0 {
+                bail!("line {n}: a prompt of {} tokens with no hash_ids", l.input_length);
+            }
+            if (l.hash_ids.len() as u64) < l.input_length.div_ceil(BLOCK_TOKENS) {
+                bail!(
+                    "line {n}: {} hash_ids for {} prompt tokens; expected one per {BLOCK_TOKENS} tokens",
+                    l.hash_ids.len(),
+                    l.input_length
+                );
+            }
+            last = l.timestamp;
+            requests.push(Request {
+                timestamp_ms: l.timestamp,
+                input_tokens: l.input_length,
+                output_tokens: l.output_length,
+                blocks: l.hash_ids,
+            });
+        }
+        if requests.is_empty() {
+            bail!("the trace holds no request");
+        }
+        Ok(Trace { requests })
+    }
+
+    /// The first `n` requests.
+    pub fn slice(&self, n: usize) -> Trace {
+        Trace { requests: self.requests.iter().take(n).cloned().collect() }
+    }
+
+    /// Distinct blocks.
+    pub fn distinct_blocks(&self) -> u64 {
+        let mut ids: Vec<u64> = self.requests.iter().flat_map(|r| r.blocks.iter().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len() as u64
+    }
+
+    /// Seconds from the first request to the last.
+    pub fn duration_s(&self) -> f64 {
+        let first = self.requests.first().map_or(0, |r| r.timestamp_ms);
+        let last = self.requests.last().map_or(0, |r| r.timestamp_ms);
+        (last - first) as f64 / 1000.0
+    }
+}
+
+/// Tokens of block `index` of a request with `input_tokens` prompt tokens (the last block may be
+/// partial).
+pub fn block_tokens(index: usize, blocks: usize, input_tokens: u64) -> u64 {
+    if index + 1 < blocks {
+        BLOCK_TOKENS
+    } else {
+        input_tokens.saturating_sub(BLOCK_TOKENS * (blocks as u64 - 1)).clamp(1, BLOCK_TOKENS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse_and_bad_ones_are_named() {
+        let t = Trace::parse(
+            "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 1]}\n\n\
+             {\"timestamp\": 7, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [0], \"extra\": 1}\n",
+        )
+        .expect("parses");
+        assert_eq!(t.requests.len(), 2);
+        assert_eq!(t.requests[0].blocks, vec![0, 1]);
+        assert_eq!(t.distinct_blocks(), 2);
+        for (text, want) in [
+            ("{\"timestamp\": 0}", "line 1 is not a request"),
+            ("{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 4, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}", "line 2: timestamp 4"),
+            ("{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 1, \"hash_ids\": [1]}", "line 1: 1 hash_ids for 2000"),
+            ("not json", "line 1"),
+            ("", "no request"),
+        ] {
+            let err = format!("{:#}", Trace::parse(text).unwrap_err());
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+        assert_eq!(block_tokens(1, 2, 600), 88);
+        assert_eq!(block_tokens(0, 2, 600), 512);
+    }
+}

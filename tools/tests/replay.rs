@@ -1,0 +1,242 @@
+//! `kvhoard replay`, `kvhoard plan capacity` and `kvhoard trace` as a person and a script use
+//! them: numbers checked against a hand computation, determinism, refused traces, the simulator
+//! against the engine, charts.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn kvhoard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvhoard")).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = kvhoard(args);
+    assert!(out.status.success(), "kvhoard {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// Six requests, one second apart, every prompt whole 512-token blocks.
+const TINY: &str = "\
+{\"timestamp\": 0, \"input_length\": 2048, \"output_length\": 10, \"hash_ids\": [1, 2, 3, 4]}
+{\"timestamp\": 1000, \"input_length\": 3072, \"output_length\": 10, \"hash_ids\": [1, 2, 3, 4, 5, 6]}
+{\"timestamp\": 2000, \"input_length\": 3072, \"output_length\": 10, \"hash_ids\": [7, 8, 9, 10, 11, 12]}
+{\"timestamp\": 3000, \"input_length\": 1536, \"output_length\": 10, \"hash_ids\": [1, 2, 13]}
+{\"timestamp\": 4000, \"input_length\": 1024, \"output_length\": 10, \"hash_ids\": [1, 2]}
+{\"timestamp\": 5000, \"input_length\": 1536, \"output_length\": 10, \"hash_ids\": [5, 6, 7]}
+";
+
+/// The fixed flags of the tiny replays: an 8B model on the documented defaults, a volume of the
+/// smallest size a replay makes (16 records: three segments of four 64 MiB blocks).
+const FLAGS: [&str; 10] =
+    ["--ssd", "1GiB", "--ssd-gbps", "6", "--dram-gbps", "20", "--decode-cores", "2", "--gpus", "2"];
+
+fn sim(trace: &Path, policy: &str) -> Value {
+    let mut args = vec!["replay", p(trace), "--sim", "--policy", policy, "--json"];
+    args.extend(FLAGS);
+    serde_json::from_str(&ok(&args)).unwrap()
+}
+
+#[test]
+fn a_tiny_fifo_replay_matches_the_hand_computation() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tiny.jsonl");
+    std::fs::write(&trace, TINY).unwrap();
+    let r = sim(&trace, "fifo");
+    // Segments hold four blocks, three segments. Request 1 stores 1-4 (segment 0); 2 hits 1-4 and
+    // stores 5, 6 (segment 1); 3 misses and stores 7, 8 (segment 1) and 9-12 (segment 2); 4 hits
+    // 1, 2, and its 13 needs a segment: the oldest, 0, is reclaimed whole (1-4 evicted); 5 misses
+    // 1 and stores 1, 2 again; 6 hits 5, 6, 7.
+    let hits = [0u32, 4, 0, 2, 0, 3];
+    let blocks = [4u32, 6, 6, 3, 2, 3];
+    assert_eq!(r["requests"], 6);
+    assert_eq!(r["hit_rate"].as_f64().unwrap(), f64::from(hits.iter().sum::<u32>()) / 24.0);
+    assert_eq!(r["evictions"], 4);
+    // 15 records of 64 MiB and one 4 KiB header unit each.
+    assert_eq!(r["bytes_written"], 15 * ((64u64 << 20) + 4096));
+    // TTFT: no queueing (each request is served within its second on two GPUs): the prefill of
+    // the tokens not loaded, 2 FLOPs per parameter (8.03e9) per token at half of 989 TFLOPS,
+    // plus 64 MiB per hit at 6 GB/s.
+    let per_token = 2.0 * 8.03e9 / (989e12 * 0.5);
+    let per_hit = (64u64 << 20) as f64 / 6e9;
+    let ttfts: Vec<f64> = hits
+        .iter()
+        .zip(blocks)
+        .map(|(&h, b)| (f64::from(b - h) * 512.0 * per_token + f64::from(h) * per_hit) * 1e3)
+        .collect();
+    let mean = ttfts.iter().sum::<f64>() / 6.0;
+    let got = r["mean_ttft_ms"].as_f64().unwrap();
+    assert!((got - mean).abs() < 0.01, "mean TTFT {got} ms, by hand {mean} ms");
+    assert_eq!(r["mean_quality"], 1.0, "raw blocks serve full quality");
+    // The same trace and flags give the same numbers, byte for byte.
+    assert_eq!(sim(&trace, "fifo"), r);
+}
+
+#[test]
+fn the_summary_json_keeps_its_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tiny.jsonl");
+    std::fs::write(&trace, TINY).unwrap();
+    let r = sim(&trace, "lru");
+    let mut keys: Vec<&str> = r.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "below_0_9",
+            "block_bytes",
+            "bytes_written",
+            "decode_cores",
+            "distinct_blocks",
+            "dram_bytes",
+            "dram_gbps",
+            "evictions",
+            "gpus",
+            "hit_rate",
+            "mean_load_ms",
+            "mean_quality",
+            "mean_ttft_ms",
+            "mode",
+            "model",
+            "p50_ttft_ms",
+            "p99_load_ms",
+            "p99_ttft_ms",
+            "policy",
+            "requests",
+            "scale",
+            "ssd_bytes",
+            "ssd_gbps",
+            "stored_bytes",
+            "trace_requests",
+            "write_amplification",
+        ]
+    );
+    assert_eq!(r["mode"], "sim");
+    assert_eq!(r["model"], "llama-3.1-8b");
+    assert_eq!(r["block_bytes"], 64u64 << 20);
+    assert_eq!(r["distinct_blocks"], 13);
+    assert_eq!(r["policy"], "lru");
+}
+
+#[test]
+fn malformed_traces_are_refused_with_their_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, want) in [
+        ("{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1}\n", "line 2 is not a request"),
+        (
+            "{\"timestamp\": 9, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [1]}\n\n{\"timestamp\": 3, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [1]}\n",
+            "line 3: timestamp 3 is before",
+        ),
+        ("{\"timestamp\": 0, \"input_length\": 5000, \"output_length\": 1, \"hash_ids\": [1, 2]}\n", "line 1: 2 hash_ids for 5000"),
+        ("[1, 2, 3]\n", "line 1 is not a request"),
+    ] {
+        let trace = dir.path().join("bad.jsonl");
+        std::fs::write(&trace, text).unwrap();
+        for args in [vec!["replay", p(&trace), "--sim"], vec!["trace", "stats", p(&trace)], vec!["plan", "capacity", "--trace", p(&trace)]] {
+            let out = kvhoard(&args);
+            assert_eq!(out.status.code(), Some(1), "{args:?} on {text:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(want), "{args:?} on {text:?}: {err}");
+        }
+    }
+    let out = kvhoard(&["replay", "/nonexistent/trace.jsonl", "--sim"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the trace"));
+    let out = kvhoard(&["replay", "/dev/null", "--sim", "--policy", "lru:quant:bits=3"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn the_simulator_and_the_engine_hit_the_same_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tiny.jsonl");
+    std::fs::write(&trace, TINY).unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let mut args = vec!["replay", p(&trace), "--compare", p(&work), "--scale", "256", "--policy", "fifo,lru", "--json"];
+    args.extend(FLAGS);
+    let r: Value = serde_json::from_str(&ok(&args)).unwrap();
+    for run in r["runs"].as_array().unwrap() {
+        let policy = &run["engine"]["policy"];
+        assert_eq!(run["agreement"]["requests_hitting_alike"], 1.0, "{policy}: {run}");
+        assert_eq!(run["engine"]["hit_rate"], run["sim"]["hit_rate"], "{policy}");
+    }
+    assert_eq!(std::fs::read_dir(&work).unwrap().count(), 0, "the replay volumes are removed");
+}
+
+#[test]
+fn plots_are_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tiny.jsonl");
+    std::fs::write(&trace, TINY).unwrap();
+    let plots = dir.path().join("plots");
+    let mut args = vec!["replay", p(&trace), "--sim", "--policy", "lru,fifo,fixed:quant:bits=8", "--plot", p(&plots)];
+    args.extend(FLAGS);
+    let text = ok(&args);
+    assert!(text.contains("fixed:quant:bits=8"), "{text}");
+    for name in ["ttft_cdf.svg", "hit_rate.svg", "stored_bytes.svg", "quality_ttft.svg"] {
+        let svg = std::fs::read_to_string(plots.join(name)).unwrap();
+        assert!(svg.starts_with("<svg") && (svg.contains("polyline") || svg.contains("<circle")), "{name}");
+        assert!(svg.contains("fifo"), "{name} has its legend");
+    }
+}
+
+#[test]
+fn plan_capacity_finds_a_frontier_on_a_generated_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("docs.jsonl");
+    ok(&[
+        "trace",
+        "generate",
+        "--shape",
+        "documents",
+        "--requests",
+        "300",
+        "--rate",
+        "2",
+        "--seed",
+        "3",
+        "-o",
+        p(&trace),
+    ]);
+    let again = ok(&["trace", "generate", "--shape", "documents", "--requests", "300", "--rate", "2", "--seed", "3"]);
+    assert_eq!(std::fs::read_to_string(&trace).unwrap(), again, "the same seed writes the same trace");
+    let stats: Value = serde_json::from_str(&ok(&["trace", "stats", p(&trace), "--json"])).unwrap();
+    assert_eq!(stats["requests"], 300);
+    let plots = dir.path().join("plots");
+    let out = ok(&[
+        "plan",
+        "capacity",
+        "--trace",
+        p(&trace),
+        "--versus-grid",
+        "--dram-steps",
+        "3",
+        "--ssd-steps",
+        "5",
+        "--ttls",
+        "none,60",
+        "--plot",
+        p(&plots),
+        "--json",
+    ]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let frontier = r["frontier"].as_array().unwrap();
+    assert!(!frontier.is_empty());
+    for point in frontier {
+        for key in ["dram_bytes", "ssd_bytes", "ttl_secs", "cost_per_hour", "mean_ttft_ms", "throughput_rps"] {
+            assert!(point.get(key).is_some(), "{key} in {point}");
+        }
+    }
+    let searches = r["searches"].as_array().unwrap();
+    assert_eq!(searches[0]["evaluations"], r["grid_points"], "the grid evaluates every point");
+    let (grid, adaptive) = (searches[0]["hypervolume"].as_f64().unwrap(), searches[1]["hypervolume"].as_f64().unwrap());
+    assert!(adaptive <= grid + 1e-9 && grid > 0.0, "{grid} {adaptive}");
+    for name in ["frontier_ttft.svg", "frontier_throughput.svg"] {
+        assert!(std::fs::metadata(plots.join(name)).unwrap().len() > 1000, "{name}");
+    }
+}
