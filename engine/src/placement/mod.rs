@@ -16,6 +16,7 @@
 
 mod cost_benefit;
 mod fifo;
+pub mod group_ttl;
 mod lru;
 
 pub use cost_benefit::cost_benefit;

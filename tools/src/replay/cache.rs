@@ -27,6 +27,9 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Bytes of records live now.
     pub stored_bytes: u64,
+    /// Byte-seconds blocks were kept and not yet expired (what a TTL budget counts); the
+    /// simulator only.
+    pub byte_seconds: f64,
 }
 
 impl CacheStats {
@@ -40,8 +43,9 @@ impl CacheStats {
 pub trait Cache {
     /// Finds the longest stored prefix of `blocks` at trace time `now_ms` and loads it.
     fn lookup(&mut self, now_ms: u64, blocks: &[u64]) -> anyhow::Result<Lookup>;
-    /// Stores `blocks` (computed by a request of context `group`) at `now_ms`.
-    fn store(&mut self, now_ms: u64, blocks: &[u64], group: u64) -> anyhow::Result<()>;
+    /// Stores `blocks` (computed by a request of context `group`) at `now_ms`, to expire after
+    /// `ttl_ms` (`None`: kept until evicted).
+    fn store(&mut self, now_ms: u64, blocks: &[u64], group: u64, ttl_ms: Option<u64>) -> anyhow::Result<()>;
     /// What it wrote and dropped so far.
     fn stats(&self) -> CacheStats;
 }
@@ -60,7 +64,7 @@ pub mod bounds {
         fn lookup(&mut self, _: u64, _: &[u64]) -> anyhow::Result<Lookup> {
             Ok(Lookup::default())
         }
-        fn store(&mut self, _: u64, _: &[u64], _: u64) -> anyhow::Result<()> {
+        fn store(&mut self, _: u64, _: &[u64], _: u64, _: Option<u64>) -> anyhow::Result<()> {
             Ok(())
         }
         fn stats(&self) -> CacheStats {
@@ -77,7 +81,7 @@ pub mod bounds {
             let hits = blocks.iter().take_while(|b| self.0.contains(b)).count();
             Ok(Lookup { hits, dram_hits: 0, load_s: 0.0, hit_codec: vec![0; hits] })
         }
-        fn store(&mut self, _: u64, blocks: &[u64], _: u64) -> anyhow::Result<()> {
+        fn store(&mut self, _: u64, blocks: &[u64], _: u64, _: Option<u64>) -> anyhow::Result<()> {
             self.0.extend(blocks);
             Ok(())
         }

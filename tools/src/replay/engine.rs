@@ -28,7 +28,6 @@ pub struct EngineCache {
     clock: Arc<AtomicU64>,
     model: Profile,
     scale: u64,
-    ttl_s: Option<u32>,
     put_bytes: u64,
     dram_hits_seen: u64,
 }
@@ -45,7 +44,6 @@ impl EngineCache {
         dram_bytes: u64,
         placement: Arc<dyn Placement>,
         codec: Option<CodecSpec>,
-        ttl_s: Option<u32>,
         base: &StoreOptions,
     ) -> anyhow::Result<EngineCache> {
         let clock = Arc::new(AtomicU64::new(EPOCH_MS));
@@ -59,7 +57,7 @@ impl EngineCache {
         let store = Store::create(dir, &create, opts)
             .with_context(|| format!("cannot create the replay volume in {}", dir.display()))?;
         store.set_policy(NAMESPACE, Policy { codec, lossy: true })?;
-        Ok(EngineCache { store, clock, model, scale, ttl_s, put_bytes: 0, dram_hits_seen: 0 })
+        Ok(EngineCache { store, clock, model, scale, put_bytes: 0, dram_hits_seen: 0 })
     }
 
     fn key(id: u64) -> String {
@@ -192,9 +190,9 @@ impl Cache for EngineCache {
         Ok(lookup)
     }
 
-    fn store(&mut self, now_ms: u64, blocks: &[u64], group: u64) -> anyhow::Result<()> {
+    fn store(&mut self, now_ms: u64, blocks: &[u64], group: u64, ttl_ms: Option<u64>) -> anyhow::Result<()> {
         self.set_time(now_ms);
-        if blocks.is_empty() {
+        if blocks.is_empty() || ttl_ms == Some(0) {
             return Ok(());
         }
         let generated = blocks
@@ -209,7 +207,8 @@ impl Cache for EngineCache {
             durability: Durability::Written,
             desc,
             group: Some(group),
-            ttl_secs: self.ttl_s,
+            // The engine keeps TTLs in whole seconds.
+            ttl_secs: ttl_ms.map(|t| u32::try_from(t.div_ceil(1000)).unwrap_or(u32::MAX)),
             ..PutOptions::default()
         };
         self.store.put_batch(NAMESPACE, &items, &opts)?;
@@ -225,6 +224,8 @@ impl Cache for EngineCache {
             relocated_bytes: s.relocated_bytes * self.scale,
             evictions: s.evicted_keys,
             stored_bytes: s.live_bytes * self.scale,
+            // The engine does not account how long blocks lived.
+            byte_seconds: 0.0,
         }
     }
 }

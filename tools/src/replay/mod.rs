@@ -12,6 +12,8 @@ pub mod run;
 pub mod setup;
 pub mod sim;
 pub mod trace;
+pub mod ttl;
+pub mod ttl_curve;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -26,10 +28,12 @@ use serde_json::{json, Value};
 
 use crate::plot::{Chart, Series, SeriesLabelPosition};
 use cache::Cache;
+use kvhoard_engine::placement::group_ttl::GroupTtlConfig;
 use model::CodecFacts;
 use run::{quantile, replay, Report};
 use setup::{ServingArgs, Setup};
 use sim::SimCache;
+use ttl::TtlSpec;
 
 /// The real engine's block divisor unless `--scale` says otherwise: an 8B model's 64 MiB trace
 /// block becomes 2 MiB.
@@ -72,8 +76,27 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "F")]
     pub ssd_fraction: Option<f64>,
     /// Seconds until a stored block expires (none by default).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", conflicts_with = "group_ttl")]
     pub ttl: Option<u32>,
+    /// Group TTL: a TTL per group of contexts (the most accessed --ttl-groups, and the rest),
+    /// learned from the requests seen so far, that together keep SIZE stored on average
+    /// (a budget of SIZE × the window's seconds in byte-seconds, at the model's sizes).
+    #[arg(long, value_parser = crate::size::parse_size, value_name = "SIZE")]
+    pub group_ttl: Option<u64>,
+    /// Groups with a TTL of their own under --group-ttl.
+    #[arg(long, default_value_t = 64, value_name = "K")]
+    pub ttl_groups: usize,
+    /// Plan group TTL once from the whole trace (as an operator would from yesterday's traffic)
+    /// instead of learning it as the trace goes.
+    #[arg(long, requires = "group_ttl")]
+    pub ttl_known: bool,
+    /// Seconds of requests group TTL learns from (recomputed every quarter of it).
+    #[arg(long, default_value_t = 3600, value_name = "SECS")]
+    pub ttl_window: u64,
+    /// Sweep budgets: per budget, the block hits of the best single TTL (chosen knowing the
+    /// whole trace) and of group TTL (learned as the trace goes), on the first policy.
+    #[arg(long, conflicts_with_all = ["volume", "compare", "ttl", "group_ttl"])]
+    pub ttl_curve: bool,
     #[command(flatten)]
     pub serving: ServingArgs,
     /// Write charts (SVG) into DIR.
@@ -91,8 +114,8 @@ pub struct Tiers {
     pub dram: u64,
     /// SSD (volume) bytes, at the model's sizes.
     pub ssd: u64,
-    /// Seconds a stored block lives.
-    pub ttl: Option<u32>,
+    /// How long a stored block lives.
+    pub ttl: TtlSpec,
     /// The real engine's block divisor (`--scale`): the simulator copies the geometry of the
     /// volume the engine would use.
     pub scale: u64,
@@ -174,7 +197,6 @@ fn sim_cache(s: &Setup, policy: &PolicySpec, facts: &[CodecFacts], tiers: Tiers)
         u64::from(segments) * segment,
         segment,
         tiers.dram,
-        tiers.ttl.map(|t| u64::from(t) * 1000),
     )
 }
 
@@ -187,7 +209,7 @@ pub fn simulate(
     bar: &ProgressBar,
 ) -> anyhow::Result<Report> {
     let mut cache = sim_cache(s, policy, facts, tiers);
-    replay(&s.trace, &mut cache, &s.settings(facts.to_vec()), bar)
+    replay(&s.trace, &mut cache, &s.settings(facts.to_vec(), tiers.ttl), bar)
 }
 
 /// One policy's replay, through the simulator or the engine (in `volume`).
@@ -216,10 +238,9 @@ fn run_one(
                 tiers.dram,
                 policy.placement(),
                 policy.codec,
-                tiers.ttl,
                 &s.store,
             )?;
-            let result = replay(&s.trace, &mut cache as &mut dyn Cache, &s.settings(facts), &bar);
+            let result = replay(&s.trace, &mut cache as &mut dyn Cache, &s.settings(facts, tiers.ttl), &bar);
             cache.close()?;
             let _ = std::fs::remove_dir_all(&dir);
             result?
@@ -254,6 +275,7 @@ pub fn summary(name: &str, mode: &str, report: &Report) -> Value {
         "write_amplification": round(report.cache.write_amplification(), 4),
         "evictions": report.cache.evictions,
         "stored_bytes": report.cache.stored_bytes,
+        "byte_seconds": report.cache.byte_seconds,
     })
 }
 
@@ -341,6 +363,26 @@ fn charts(dir: &Path, runs: &[(String, Report)]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The TTL rule the flags ask for.
+fn ttl_spec(args: &ReplayArgs) -> TtlSpec {
+    match (args.ttl, args.group_ttl) {
+        (Some(secs), _) => TtlSpec::Single(secs),
+        (None, Some(budget_bytes)) => {
+            TtlSpec::Group { budget_bytes, config: group_config(args), known: args.ttl_known }
+        }
+        (None, None) => TtlSpec::None,
+    }
+}
+
+/// Group TTL's settings from the flags.
+fn group_config(args: &ReplayArgs) -> GroupTtlConfig {
+    GroupTtlConfig {
+        top_k: args.ttl_groups,
+        window_ms: args.ttl_window.saturating_mul(1000),
+        ..GroupTtlConfig::default()
+    }
+}
+
 /// `kvhoard replay`.
 pub fn run(args: &ReplayArgs, store: StoreOptions) -> anyhow::Result<ExitCode> {
     if args.volume.is_none() && args.compare.is_none() && !args.sim {
@@ -351,10 +393,14 @@ pub fn run(args: &ReplayArgs, store: StoreOptions) -> anyhow::Result<ExitCode> {
     let tiers = Tiers {
         dram: s.size(args.dram, args.dram_fraction, 0.0)?,
         ssd: s.size(args.ssd, args.ssd_fraction, 0.3)?,
-        ttl: args.ttl,
+        ttl: ttl_spec(args),
         scale: args.scale,
     };
     let policies = args.policy.split(',').map(PolicySpec::parse).collect::<anyhow::Result<Vec<_>>>()?;
+    if args.ttl_curve {
+        let policy = policies.first().context("--policy names no policy")?;
+        return ttl_curve::run(&s, policy, tiers, group_config(args), args.plot.as_deref(), args.json);
+    }
     let mut runs: Vec<(String, Report)> = Vec::new();
     let mut out = Vec::new();
     let header = json!({

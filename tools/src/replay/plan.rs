@@ -16,6 +16,7 @@ use super::cache::bounds::{NoCache, Unbounded};
 use super::capacity::{frontier, geometric, hypervolume, point_json, search, Point, Reference, Space};
 use super::run::replay;
 use super::setup::{ServingArgs, Setup};
+use super::ttl::TtlSpec;
 use super::{simulate, PolicySpec, Tiers};
 use crate::plot::{Chart, Series, SeriesLabelPosition};
 
@@ -118,8 +119,9 @@ pub fn run(args: &CapacityArgs, store: StoreOptions) -> anyhow::Result<ExitCode>
     let space = space(args, s.distinct_bytes())?;
     let cost = |dram: u64, ssd: u64| dram as f64 / 1e9 * args.dram_cost + ssd as f64 / 1e9 * args.ssd_cost;
     let hidden = ProgressBar::hidden();
-    let none = replay(&s.trace, &mut NoCache, &s.settings(facts.clone()), &hidden)?;
-    let ideal = replay(&s.trace, &mut Unbounded::default(), &s.settings(facts.clone()), &hidden)?;
+    let none = replay(&s.trace, &mut NoCache, &s.settings(facts.clone(), super::ttl::TtlSpec::None), &hidden)?;
+    let ideal =
+        replay(&s.trace, &mut Unbounded::default(), &s.settings(facts.clone(), super::ttl::TtlSpec::None), &hidden)?;
     let reference = Reference {
         cost: 1.1 * cost(space.dram.iter().copied().max().unwrap_or(0), space.ssd.iter().copied().max().unwrap_or(0)),
         ttft_ms: 1.1 * none.mean_ttft_ms(),
@@ -142,7 +144,12 @@ pub fn run(args: &CapacityArgs, store: StoreOptions) -> anyhow::Result<ExitCode>
         }
         let (d, sz, t) = at;
         let (dram, ssd, ttl) = (space.dram[d], space.ssd[sz], space.ttl[t]);
-        let tiers = Tiers { dram, ssd, ttl: (ttl > 0).then_some(ttl), scale: super::DEFAULT_SCALE };
+        let tiers = Tiers {
+            dram,
+            ssd,
+            ttl: if ttl > 0 { TtlSpec::Single(ttl) } else { TtlSpec::None },
+            scale: super::DEFAULT_SCALE,
+        };
         let report = simulate(&s, &policy, &facts, tiers, &ProgressBar::hidden())?;
         bar.inc(1);
         let p = Point {

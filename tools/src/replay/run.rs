@@ -8,6 +8,7 @@ use indicatif::ProgressBar;
 use super::cache::{Cache, CacheStats};
 use super::model::{sensitivity, CodecFacts, Gpu, Profile};
 use super::trace::{block_tokens, Trace};
+use super::ttl::{GroupTtl, TtlSpec};
 
 /// What drives a replay besides the cache.
 #[derive(Debug, Clone)]
@@ -22,6 +23,10 @@ pub struct Settings {
     pub time_scale: f64,
     /// Codecs the cache may store blocks with, as `Lookup::hit_codec` indexes them (0: raw).
     pub codecs: Vec<CodecFacts>,
+    /// How long stored blocks are kept.
+    pub ttl: TtlSpec,
+    /// Bytes one block takes stored (what group TTL's budget counts).
+    pub stored_block_bytes: u64,
 }
 
 /// One request's outcome.
@@ -123,6 +128,13 @@ pub fn replay(
     let mut gpu_free = vec![0.0f64; settings.gpus.max(1)];
     let duration = trace.duration_s().max(1e-9);
     let mut next_sample = 0usize;
+    let mut group_ttl = match settings.ttl {
+        TtlSpec::Group { budget_bytes, config, known: false } => Some(GroupTtl::new(budget_bytes, config)),
+        TtlSpec::Group { budget_bytes, config, known: true } => {
+            Some(GroupTtl::known(trace, settings.time_scale, settings.stored_block_bytes, budget_bytes, config))
+        }
+        TtlSpec::None | TtlSpec::Single(_) => None,
+    };
     for r in &trace.requests {
         let now_ms = (r.timestamp_ms as f64 / settings.time_scale) as u64;
         let arrival = now_ms as f64 / 1e3;
@@ -138,7 +150,8 @@ pub fn replay(
         if let Some(f) = gpu_free.get_mut(gpu) {
             *f = start + service;
         }
-        let level = sensitivity(r.blocks.first().copied().unwrap_or(0));
+        let context = trace.context(r);
+        let level = sensitivity(context);
         let mut weighted = 0.0;
         for i in 0..n {
             let tokens = block_tokens(i, n, r.input_tokens) as f64;
@@ -158,7 +171,16 @@ pub fn replay(
             load_s: lookup.load_s,
         });
         let computed = r.blocks.get(lookup.hits..).unwrap_or_default();
-        cache.store(now_ms, computed, r.blocks.first().copied().unwrap_or(0))?;
+        let group = context;
+        let ttl_ms = match (settings.ttl, group_ttl.as_mut()) {
+            (TtlSpec::Single(secs), _) => Some(u64::from(secs) * 1000),
+            (TtlSpec::Group { .. }, Some(g)) => {
+                g.observe(now_ms, &r.blocks, group, settings.stored_block_bytes);
+                g.ttl_ms(now_ms, group)
+            }
+            _ => None,
+        };
+        cache.store(now_ms, computed, group, ttl_ms)?;
         let at = (r.timestamp_ms as f64 / 1e3 / duration * 100.0) as usize;
         if at >= next_sample {
             report.stored_over_time.push((arrival, cache.stats().stored_bytes));
@@ -185,7 +207,15 @@ mod tests {
         .expect("trace");
         let model = Profile::named("llama-3.1-8b").expect("model");
         let gpu = Gpu::default();
-        let settings = Settings { model, gpu, gpus: 1, time_scale: 1.0, codecs: vec![CodecFacts::raw()] };
+        let settings = Settings {
+            model,
+            gpu,
+            gpus: 1,
+            time_scale: 1.0,
+            codecs: vec![CodecFacts::raw()],
+            ttl: TtlSpec::None,
+            stored_block_bytes: 1,
+        };
         let report = replay(&trace, &mut Unbounded::default(), &settings, &ProgressBar::hidden()).expect("replays");
         let per_token = gpu.prefill_s(&model, 1);
         // Request 1 prefills 1024 tokens; request 2 waits for it, then prefills the 512 new ones.

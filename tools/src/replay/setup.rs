@@ -128,8 +128,18 @@ impl Setup {
     }
 
     /// The replay loop's settings for codecs `codecs`.
-    pub fn settings(&self, codecs: Vec<super::model::CodecFacts>) -> Settings {
-        Settings { model: self.model, gpu: self.gpu, gpus: self.gpus, time_scale: self.time_scale, codecs }
+    pub fn settings(&self, codecs: Vec<super::model::CodecFacts>, ttl: super::ttl::TtlSpec) -> Settings {
+        let ratio = codecs.last().map_or(1.0, |c| c.ratio);
+        let stored_block_bytes = (self.raw_block as f64 * ratio).ceil() as u64;
+        Settings {
+            model: self.model,
+            gpu: self.gpu,
+            gpus: self.gpus,
+            time_scale: self.time_scale,
+            codecs,
+            ttl,
+            stored_block_bytes,
+        }
     }
 }
 

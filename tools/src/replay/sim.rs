@@ -64,8 +64,11 @@ pub struct SimCache {
     next_seq: u64,
     index: HashMap<u64, Entry>,
     dram: DramTier<()>,
-    ttl_ms: Option<u64>,
     stats: CacheStats,
+    /// Byte-ms of blocks already removed (see `CacheStats::byte_seconds`).
+    removed_byte_ms: f64,
+    /// The latest time seen.
+    now_ms: u64,
 }
 
 impl SimCache {
@@ -79,7 +82,6 @@ impl SimCache {
         ssd_bytes: u64,
         segment_bytes: u64,
         dram_bytes: u64,
-        ttl_ms: Option<u64>,
     ) -> SimCache {
         let count = (ssd_bytes / segment_bytes).max(2) as usize;
         let mut segments = vec![Segment::default(); count];
@@ -98,14 +100,21 @@ impl SimCache {
             next_seq: 2,
             index: HashMap::new(),
             dram: DramTier::new(dram_bytes),
-            ttl_ms,
             stats: CacheStats::default(),
+            removed_byte_ms: 0.0,
+            now_ms: 0,
         }
     }
 
     fn record_bytes(&self) -> u64 {
         let stored = (self.raw_block as f64 * self.codec.ratio).ceil() as u64;
         UNIT + stored.div_ceil(UNIT) * UNIT
+    }
+
+    /// Ms `e` has been kept unexpired by `now_ms`.
+    fn kept_ms(e: &Entry, now_ms: u64) -> u64 {
+        let until = if e.expires_ms == 0 { now_ms } else { now_ms.min(e.expires_ms) };
+        until.saturating_sub(e.written_ms)
     }
 
     fn fp(id: u64) -> [u8; 16] {
@@ -167,6 +176,7 @@ impl SimCache {
                 }) == Keep::Relocate;
             self.index.remove(&id);
             self.dram.remove(&Self::fp(id));
+            self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
             if keep {
                 self.append(id, e.group, now_ms, e.expires_ms);
                 self.stats.relocated_bytes += e.record;
@@ -250,6 +260,7 @@ impl SimCache {
 
 impl Cache for SimCache {
     fn lookup(&mut self, now_ms: u64, blocks: &[u64]) -> anyhow::Result<Lookup> {
+        self.now_ms = self.now_ms.max(now_ms);
         let mut lookup = Lookup::default();
         for &id in blocks {
             let Some(e) = self.index.get_mut(&id) else { break };
@@ -279,13 +290,23 @@ impl Cache for SimCache {
         Ok(lookup)
     }
 
-    fn store(&mut self, now_ms: u64, blocks: &[u64], group: u64) -> anyhow::Result<()> {
+    fn store(&mut self, now_ms: u64, blocks: &[u64], group: u64, ttl_ms: Option<u64>) -> anyhow::Result<()> {
+        self.now_ms = self.now_ms.max(now_ms);
+        if ttl_ms == Some(0) {
+            return Ok(()); // a TTL of 0 keeps nothing
+        }
         for &id in blocks {
-            if self.index.contains_key(&id) {
-                continue;
+            if let Some(e) = self.index.get(&id).copied() {
+                if e.expires_ms == 0 || e.expires_ms > now_ms {
+                    continue;
+                }
+                // Expired: the put replaces it, as the engine's does.
+                self.index.remove(&id);
+                self.dram.remove(&Self::fp(id));
+                self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
             }
             self.clean_if_short(now_ms);
-            let expires = self.ttl_ms.map_or(0, |t| now_ms + t);
+            let expires = ttl_ms.map_or(0, |t| now_ms + t);
             self.append(id, group, now_ms, expires);
             self.stats.put_bytes += self.raw_block;
             let e = self.index.get(&id).copied();
@@ -305,6 +326,8 @@ impl Cache for SimCache {
     fn stats(&self) -> CacheStats {
         let mut s = self.stats.clone();
         s.stored_bytes = self.index.values().map(|e| e.record).sum();
+        let live: f64 = self.index.values().map(|e| e.record as f64 * Self::kept_ms(e, self.now_ms) as f64).sum();
+        s.byte_seconds = (self.removed_byte_ms + live) / 1e3;
         s
     }
 }

@@ -29,6 +29,8 @@ pub struct Request {
 pub struct Trace {
     /// Requests in arrival order.
     pub requests: Vec<Request>,
+    /// Leading blocks every request shares (a system prompt in front of everything).
+    shared_prefix: usize,
 }
 
 #[derive(serde::Deserialize)]
@@ -88,12 +90,28 @@ impl Trace {
         if requests.is_empty() {
             bail!("the trace holds no request");
         }
-        Ok(Trace { requests })
+        Ok(Trace::new(requests))
+    }
+
+    /// A trace of `requests`.
+    pub fn new(requests: Vec<Request>) -> Trace {
+        let mut shared = requests.first().map_or(0, |r| r.blocks.len());
+        for r in &requests {
+            shared = shared.min(r.blocks.iter().zip(&requests[0].blocks).take_while(|(a, b)| a == b).count());
+        }
+        Trace { requests, shared_prefix: shared }
     }
 
     /// The first `n` requests.
     pub fn slice(&self, n: usize) -> Trace {
-        Trace { requests: self.requests.iter().take(n).cloned().collect() }
+        Trace::new(self.requests.iter().take(n).cloned().collect())
+    }
+
+    /// The context `r` belongs to: the prefix subtree below what every request shares, named by
+    /// its first block (the request's first block when nothing is shared by all; its last when
+    /// it holds nothing of its own).
+    pub fn context(&self, r: &Request) -> u64 {
+        r.blocks.get(self.shared_prefix).or(r.blocks.last()).copied().unwrap_or(0)
     }
 
     /// Distinct blocks.
@@ -147,6 +165,15 @@ mod tests {
             assert!(err.contains(want), "{text:?}: {err}");
         }
         assert_eq!(block_tokens(1, 2, 600), 88);
+        // Both requests start with block 0: contexts are named by the block after it.
+        let t = Trace::parse(
+            "{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 5, \"hash_ids\": [0, 1, 2]}\n\
+             {\"timestamp\": 1, \"input_length\": 1500, \"output_length\": 5, \"hash_ids\": [0, 5, 6]}\n\
+             {\"timestamp\": 2, \"input_length\": 500, \"output_length\": 5, \"hash_ids\": [0]}\n",
+        )
+        .expect("parses");
+        let contexts: Vec<u64> = t.requests.iter().map(|r| t.context(r)).collect();
+        assert_eq!(contexts, vec![1, 5, 0]);
         assert_eq!(block_tokens(0, 2, 600), 512);
     }
 }
