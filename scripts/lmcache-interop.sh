@@ -7,11 +7,19 @@
 #   - the kvhoard Python package (tools/python) built into the environment: its tests (the
 #     storage plugin through LMCache's own StorageManager and plugin launcher), the storage plugin
 #     loading the chunks `kvhoard serve` stored over lm://, and `lmcache bench l2` driving
-#     kvhoard.lmcache.NativePlugin with data verification.
+#     kvhoard.lmcache.NativePlugin with data verification;
+#   - three, then six `kvhoard serve --cluster-config` nodes as one Redis Cluster
+#     (docs/cluster.md): redis-py's RedisCluster, `redis-cli -c` and LMCache's redis-cluster://
+#     connector storing and loading chunks byte for byte, keys spread within 10 % of even; one
+#     node SIGKILLed while LMCache reads and writes (only chunks with a key on it are missed, no
+#     wrong bytes), then started again on its volume (the same client finds every chunk); on
+#     three nodes also: its slots reassigned on SIGHUP (the misses become quick), then the node
+#     back under the first map (every chunk found again).
 #
 #   scripts/lmcache-interop.sh --install   create the Python environment (about 6 GB: torch
 #                                          from PyPI bundles CUDA libraries; several minutes)
 #   scripts/lmcache-interop.sh             run (skips, saying so, when the environment is missing)
+#   scripts/lmcache-interop.sh cluster     only the redis-cluster:// part
 #
 #   KVHOARD_LMCACHE_VENV=DIR   where the environment lives (default ~/.cache/kvhoard/lmcache-0.5.6)
 set -euo pipefail
@@ -51,11 +59,160 @@ cargo build -q --locked -p kvhoard-tools
 kvhoard=target/debug/kvhoard
 work=$(mktemp -d)
 server_pid=
+node_pid=()
+node_log=()
+check_pid=
 cleanup() {
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null || true
+  [ -n "$check_pid" ] && kill "$check_pid" 2>/dev/null || true
+  for pid in "${node_pid[@]:-}"; do
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+# redis-cluster:// (LMCache's RedisClusterConnector on redis-py's RedisCluster) over N nodes
+# sharing one slot map (docs/cluster.md). Node I serves $cdir/vol$I on port ${port[I]}.
+start_node() { # INDEX
+  local log=$cdir/node$1.$((++node_starts)).log
+  "$kvhoard" serve "$cdir/vol$1" --resp "${port[$1]}" --cluster-config "$cdir/cluster.map" 2>"$log" &
+  node_pid[$1]=$!
+  node_log[$1]=$log
+  for _ in $(seq 100); do
+    grep -q "serving" "$log" 2>/dev/null && return
+    sleep 0.1
+  done
+  cat "$log"
+  echo "lmcache interop: FAILED: node $1 did not start"
+  exit 1
+}
+stop_node() { # INDEX: SIGTERM; the volume must close cleanly
+  kill -TERM "${node_pid[$1]}"
+  wait "${node_pid[$1]}"
+  node_pid[$1]=
+  grep -q "volume closed" "${node_log[$1]}" || cluster_failed "node $1 did not close its volume"
+  node_log[$1]=
+}
+reload() { # INDEX...: SIGHUP to those nodes, then wait until `cluster status` says all run the map
+  for i in "$@"; do kill -HUP "${node_pid[$i]}"; done
+  for _ in $(seq 100); do
+    "$kvhoard" cluster status --config "$cdir/cluster.map" >/dev/null 2>&1 && return
+    sleep 0.1
+  done
+  "$kvhoard" cluster status --config "$cdir/cluster.map"
+  echo "lmcache interop: FAILED: the nodes did not take the new cluster map"
+  exit 1
+}
+cluster_failed() { # WHAT
+  cat "$cdir/check.log" "$cdir"/node*.log
+  echo "lmcache interop: FAILED: $1"
+  exit 1
+}
+run_cluster() { # MODE [ARGS...]
+  (cd "$work" && timeout 300 "$py" -u "$OLDPWD/tests/lmcache/cluster_check.py" "$nodes" "$@" \
+    >"$cdir/check.log" 2>&1) || cluster_failed "cluster_check.py $*"
+  grep -E '^(ok|FAIL)|failure' "$cdir/check.log"
+}
+redis_cli_check() { # Debian's redis-cli in cluster mode: keys set through the first node land on all
+  if ! command -v redis-cli >/dev/null 2>&1; then
+    echo "== redis-cli -c: SKIPPED (no redis-cli; apt-get install redis-tools)"
+    return
+  fi
+  local i before=() after=() cli=(redis-cli -c -h 127.0.0.1 -p "${port[1]}")
+  for i in $(seq "$count"); do before[i]=$(redis-cli -p "${port[$i]}" DBSIZE); done
+  for i in $(seq 60); do
+    [ "$("${cli[@]}" SET "cli:$i" "value $i" | tail -n 1)" = OK ] || cluster_failed "redis-cli -c SET cli:$i"
+    [ "$("${cli[@]}" GET "cli:$i" | tail -n 1)" = "value $i" ] || cluster_failed "redis-cli -c GET cli:$i"
+  done
+  for i in $(seq "$count"); do
+    after[i]=$(redis-cli -p "${port[$i]}" DBSIZE)
+    [ "${after[i]}" -gt "${before[i]}" ] || cluster_failed "redis-cli -c stored nothing on node $i"
+  done
+  redis-cli --cluster check "127.0.0.1:${port[1]}" >"$cdir/cli-check.log" 2>&1 || cluster_failed "redis-cli --cluster check"
+  grep -q "All 16384 slots covered" "$cdir/cli-check.log" || cluster_failed "redis-cli --cluster check"
+  for i in $(seq 60); do "${cli[@]}" DEL "cli:$i" >/dev/null; done
+  echo "ok redis-cli -c: 60 keys set and read through one node, stored on all $count ($(for i in $(seq "$count"); do
+    printf '%s ' $((after[i] - before[i])); done)); redis-cli --cluster check: all 16384 slots covered"
+}
+kill_midrun() { # INDEX: cluster_check.py SIGKILLs the node while LMCache reads; it comes back
+  local down=127.0.0.1:${port[$1]}
+  rm -f "$cdir/killed" "$cdir/back"
+  (cd "$work" && exec timeout 300 "$py" -u "$OLDPWD/tests/lmcache/cluster_check.py" "$nodes" kill "$down" \
+    "$cdir/cluster.map" "${node_pid[$1]}" "$cdir" >"$cdir/check.log" 2>&1) &
+  check_pid=$!
+  for _ in $(seq 3000); do
+    [ -e "$cdir/killed" ] || ! kill -0 "$check_pid" 2>/dev/null && break
+    sleep 0.1
+  done
+  [ -e "$cdir/killed" ] || cluster_failed "cluster_check.py kill: no kill"
+  local rc=0
+  wait "${node_pid[$1]}" || rc=$?
+  node_pid[$1]=
+  [ "$rc" = 137 ] || cluster_failed "node $1 ended with $rc, not by SIGKILL"
+  start_node "$1"
+  touch "$cdir/back"
+  rc=0
+  wait "$check_pid" || rc=$?
+  check_pid=
+  [ "$rc" = 0 ] || cluster_failed "cluster_check.py kill"
+  grep -E '^(ok|FAIL)|failure' "$cdir/check.log"
+}
+cluster_interop() { # N: N nodes on loopback, each on its own volume
+  count=$1
+  cdir=$work/cluster$count
+  mkdir -p "$cdir"
+  port=()
+  read -r -a port <<<"0 $("$py" -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$count")"
+  nodes=$(for i in $(seq "$count"); do printf '127.0.0.1:%s,' "${port[$i]}"; done)
+  nodes=${nodes%,}
+  "$kvhoard" cluster init --nodes "$nodes" --out "$cdir/cluster-first.map" 2>/dev/null
+  cp "$cdir/cluster-first.map" "$cdir/cluster.map"
+  for i in $(seq "$count"); do
+    "$kvhoard" init "$cdir/vol$i" --capacity 1GiB >/dev/null
+    start_node "$i"
+  done
+  echo "== $count nodes as a Redis Cluster ($nodes): redis-py RedisCluster, LMCache redis-cluster:// store"
+  run_cluster store
+  redis_cli_check
+  "$kvhoard" cluster status --config "$cdir/cluster.map"
+  echo "== node 127.0.0.1:${port[2]} SIGKILLed while LMCache reads and writes, then started again on its volume"
+  kill_midrun 2
+  if [ "$count" = 3 ]; then
+    echo "== node 127.0.0.1:${port[2]} stopped, its slots given to the other two (kvhoard cluster init --from, SIGHUP)"
+    stop_node 2
+    "$kvhoard" cluster init --from "$cdir/cluster-first.map" --nodes "127.0.0.1:${port[1]},127.0.0.1:${port[3]}" \
+      --out "$cdir/cluster.map" --force 2>/dev/null
+    reload 1 3
+    run_cluster reassigned "127.0.0.1:${port[2]}" "$cdir/cluster-first.map"
+    echo "== the node back on its volume, the first map again (a new epoch): every chunk is found"
+    sed 's/^epoch .*/epoch 3/' "$cdir/cluster-first.map" >"$cdir/cluster.map"
+    start_node 2
+    reload 1 3
+    run_cluster verify
+  fi
+  for i in $(seq "$count"); do
+    stop_node "$i"
+  done
+}
+cluster_all() {
+  if "$py" -c 'import redis.cluster' 2>/dev/null; then
+    node_starts=0
+    cluster_interop 3
+    cluster_interop 6
+  else
+    echo "== redis-cluster://: SKIPPED (redis-py's cluster client missing; run scripts/lmcache-interop.sh --install)"
+  fi
+}
+if [ "${1:-}" = cluster ]; then
+  cluster_all
+  echo "lmcache interop (cluster part): passed"
+  exit 0
+fi
 "$kvhoard" init "$work/vol" --capacity 2GiB >/dev/null
 
 start() {
@@ -161,4 +318,5 @@ if "$py" -c 'import maturin, pytest' 2>/dev/null; then
 else
   echo "== the Python package: SKIPPED (maturin or pytest missing; run scripts/lmcache-interop.sh --install)"
 fi
+cluster_all
 echo "lmcache interop: passed"

@@ -230,6 +230,17 @@ pub enum Command {
         #[command(flatten)]
         args: crate::commands::serve::ServeArgs,
     },
+    /// Run `kvhoard serve` nodes as one Redis Cluster: write a slot map, check every node.
+    ///
+    /// `kvhoard cluster init --nodes H1:P1,H2:P2,H3:P3 --out FILE` writes a map dividing the
+    /// 16384 slots; each node serves with `kvhoard serve VOLUME --resp PORT --cluster-config FILE`
+    /// and reloads FILE on SIGHUP. `kvhoard cluster status --config FILE` shows each node's slots,
+    /// keys, bytes and health. Redis Cluster clients (redis-py's RedisCluster, LMCache's
+    /// `redis-cluster://`, `redis-cli -c`) then spread keys over the nodes. See docs/cluster.md.
+    Cluster {
+        #[command(subcommand)]
+        action: crate::commands::cluster::ClusterAction,
+    },
     /// Check a volume and, with --repair, repair it.
     ///
     /// Reads the volume through its on-disk format (so it works on a volume the engine refuses to

@@ -51,6 +51,7 @@ fn main() -> ExitCode {
             commands::mount::run(&volume, &mountpoint, threads, durability, allow_other, opts)
         }
         Command::Serve { volume, args } => commands::serve::run(&volume, &args, opts),
+        Command::Cluster { action } => commands::cluster::run(&action),
         Command::Fsck { volume, repair, deep, json } => commands::fsck::run(&volume, repair, deep, json, opts),
         Command::Inspect { volume, what, namespace, json } => commands::inspect::run(&volume, what, &namespace, json),
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),

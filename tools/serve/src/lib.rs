@@ -8,6 +8,9 @@
 //!   connectors use ([`resp`]);
 //! - `metrics`: Prometheus metrics over HTTP ([`metrics`]).
 //!
+//! The RESP listener can also be one node of a Redis Cluster made of kvhoard nodes sharing a
+//! slot map ([`cluster`]).
+//!
 //! The server runs on its own tokio runtime ([`start`] returns a [`Running`] handle), so callers
 //! stay synchronous. Engine calls that may touch the disk run on the runtime's blocking pool;
 //! payload memory is taken as bytes arrive from a byte budget shared by all connections
@@ -18,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod budget;
+pub mod cluster;
 mod conn;
 mod listen;
 pub mod lm;
@@ -43,6 +47,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::budget::Budget;
+use crate::cluster::{ClusterConfig, ClusterStats, Live, SlotChange};
 use crate::metrics::{Metrics, Proto};
 
 /// Why the server could not start.
@@ -89,6 +94,7 @@ pub struct Running {
     max_connections: u32,
     addrs: Addresses,
     metrics: Arc<Metrics>,
+    cluster: Arc<Live>,
 }
 
 /// How a shutdown went.
@@ -141,6 +147,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
 
     let (stop, shutdown) = watch::channel(false);
     let metrics = Arc::new(Metrics::default());
+    let cluster = Arc::new(Live::new(opts.cluster.clone()));
     // Recycle up to a quarter of the budget in idle buffers; the rest is returned to the system.
     let pool_bytes = usize::try_from(opts.inflight_bytes / 4).unwrap_or(usize::MAX);
     let shared = Arc::new(Shared {
@@ -150,6 +157,8 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
         metrics: Arc::clone(&metrics),
         shutdown,
         blocking_sends: Semaphore::new((opts.blocking_threads / 2).max(1)),
+        cluster: Arc::clone(&cluster),
+        started: std::time::Instant::now(),
         opts,
     });
     let connections = Arc::new(Semaphore::new(max_connections as usize));
@@ -160,11 +169,15 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
             accept.push(runtime.spawn(task));
         }
     }
+    if shared.opts.resp.is_some() {
+        // Awaited at shutdown with the accept loops: it stops between two pages of its scan.
+        accept.push(runtime.spawn(cluster::evict::run(Arc::clone(&shared))));
+    }
     if let Some(listener) = http {
         accept.push(runtime.spawn(metrics::http::serve(listener, Arc::clone(&shared))));
     }
     runtime.spawn(trim_idle_buffers(Arc::clone(&shared)));
-    Ok(Running { runtime: Some(runtime), stop, accept, connections, max_connections, addrs, metrics })
+    Ok(Running { runtime: Some(runtime), stop, accept, connections, max_connections, addrs, metrics, cluster })
 }
 
 /// Buffers unused this long are freed: the pools keep buffers to save page faults while traffic
@@ -224,6 +237,25 @@ impl Running {
     /// The server's own counters (the store has its own statistics).
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Replaces the slot map the RESP listener serves (`None`: standalone). Requests already
+    /// routed finish under the old map; keys of slots this node no longer owns are answered
+    /// with `-MOVED` at once and deleted in the background.
+    pub fn set_cluster(&self, config: Option<ClusterConfig>) -> SlotChange {
+        let change = self.cluster.set(config);
+        tracing::info!(gained = change.gained, lost = change.lost, owned = change.owned, "cluster: slot map loaded");
+        change
+    }
+
+    /// The slot map served now.
+    pub fn cluster(&self) -> Option<ClusterConfig> {
+        self.cluster.config().map(|c| (*c).clone())
+    }
+
+    /// The cluster layer's counters.
+    pub fn cluster_stats(&self) -> ClusterStats {
+        self.cluster.stats()
     }
 
     /// Stops accepting, lets requests in progress finish for up to `grace`, then stops. Idle

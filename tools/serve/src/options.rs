@@ -48,6 +48,9 @@ pub struct ServeOptions {
     pub threads: usize,
     /// Most threads running engine calls at once.
     pub blocking_threads: usize,
+    /// Serve RESP as this node of a cluster (`None`: standalone); replaced while serving by
+    /// [`crate::Running::set_cluster`].
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl Default for ServeOptions {
@@ -71,6 +74,7 @@ impl Default for ServeOptions {
             codec: None,
             threads: 0,
             blocking_threads: 64,
+            cluster: None,
         }
     }
 }

@@ -2,12 +2,14 @@
 //! metrics and the shutdown signal.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use kvhoard_engine::buffer::BufferPool;
 use kvhoard_engine::{Block, ReadOptions, Resident, Store};
 use tokio::sync::{watch, Semaphore};
 
 use crate::budget::Budget;
+use crate::cluster::Live;
 use crate::metrics::Metrics;
 use crate::pace::{Pace, PaceLimits};
 use crate::payload::Memory;
@@ -25,6 +27,10 @@ pub(crate) struct Shared {
     /// Connections that may finish a large reply with blocking sends at once (each holds a
     /// blocking-pool thread meanwhile): half the pool, so engine calls always find threads.
     pub blocking_sends: Semaphore,
+    /// The slot map in cluster mode, and the cluster layer's counters.
+    pub cluster: Arc<Live>,
+    /// When the server started (INFO's uptime).
+    pub started: Instant,
 }
 
 impl Shared {

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_codecs;
+pub mod cluster;
 pub mod demo;
 pub mod fsck;
 pub mod init;

@@ -1,4 +1,5 @@
-//! `kvhoard serve`: serves a volume to LMCache over lm:// and RESP until SIGINT or SIGTERM.
+//! `kvhoard serve`: serves a volume to LMCache over lm:// and RESP until SIGINT or SIGTERM; as
+//! one node of a cluster (`--cluster-config`), reloads the slot map on SIGHUP.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -8,10 +9,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use kvhoard_engine::{Durability, StoreOptions};
-use kvhoard_serve::ServeOptions;
+use kvhoard_serve::cluster::{ClusterConfig, SlotMap};
+use kvhoard_serve::{Running, ServeOptions};
 
 use super::open;
-use super::signals::{block_signals, wait_signal};
+use super::signals::{block_signals, block_signals_and_reload, wait_signal, RELOAD};
 
 /// The flags of `serve`: parsed here once, turned into the server's options by [`options`].
 #[derive(Debug, Clone, clap::Args)]
@@ -81,6 +83,15 @@ pub struct ServeArgs {
     /// socket on the sending thread, so concurrent connections need several.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
+    /// Serve RESP as one node of a Redis Cluster whose slot map is FILE (written by `kvhoard
+    /// cluster init`; docs/cluster.md). Keys of slots other nodes own get `-MOVED`. SIGHUP
+    /// reads the file again; keys of slots this node loses are then deleted in the background.
+    #[arg(long, value_name = "FILE", requires = "resp")]
+    pub cluster_config: Option<PathBuf>,
+    /// This node's address as the cluster map names it (default: the entry with --resp's
+    /// address, or the only one with its port).
+    #[arg(long, value_name = "HOST:PORT", requires = "cluster_config")]
+    pub cluster_announce: Option<String>,
 }
 
 /// Environment variable holding the RESP password (instead of --resp-password-file).
@@ -159,10 +170,62 @@ pub fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
     })
 }
 
+/// Reads the cluster map and finds this node in it (`None` without --cluster-config).
+pub fn cluster_config(args: &ServeArgs, resp: Option<SocketAddr>) -> anyhow::Result<Option<ClusterConfig>> {
+    let Some(path) = &args.cluster_config else { return Ok(None) };
+    let Some(resp) = resp.filter(|a| a.port() != 0) else {
+        bail!("--cluster-config needs --resp with a fixed port: the map tells clients where each node listens");
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read the cluster map {}", path.display()))?;
+    let map = SlotMap::parse(&text).with_context(|| format!("cluster map {}", path.display()))?;
+    let config = match &args.cluster_announce {
+        Some(addr) => ClusterConfig::for_address(map, addr),
+        None => ClusterConfig::for_listener(map, resp),
+    };
+    Ok(Some(config.with_context(|| format!("cluster map {}", path.display()))?))
+}
+
+fn describe(config: &ClusterConfig) -> String {
+    let me = config.myself().map(|n| n.addr()).unwrap_or_default();
+    format!(
+        "cluster node {me}, {} of {} slots, map epoch {} of {} node(s)",
+        config.owned_slots(),
+        kvhoard_serve::cluster::SLOTS,
+        config.map().epoch(),
+        config.map().nodes().len()
+    )
+}
+
+/// SIGHUP: reads the map again. A map that cannot be used is reported and the old one kept: a
+/// typo must not take a node out of the cluster.
+fn reload(running: &Running, args: &ServeArgs, resp: Option<SocketAddr>) {
+    match cluster_config(args, resp) {
+        Ok(Some(config)) => {
+            let what = describe(&config);
+            let change = running.set_cluster(Some(config));
+            eprintln!(
+                "kvhoard: cluster map reloaded: {what}; {} slot(s) gained, {} lost (their keys are deleted in the background)",
+                change.gained, change.lost
+            );
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!("cluster map not reloaded: {e:#}");
+            let still = running
+                .cluster()
+                .map_or_else(String::new, |c| format!("; still serving map epoch {}", c.map().epoch()));
+            eprintln!("kvhoard: cluster map NOT reloaded: {e:#}{still}");
+        }
+    }
+}
+
 pub fn run(volume: &Path, args: &ServeArgs, opts: StoreOptions) -> anyhow::Result<ExitCode> {
-    let serve_opts = options(args)?;
+    let mut serve_opts = options(args)?;
+    serve_opts.cluster = cluster_config(args, serve_opts.resp)?;
     let opts = StoreOptions { dram_tier_bytes: args.dram_tier, ..opts };
-    let signals = block_signals();
+    // SIGHUP is only taken over when there is a map to reload; otherwise it keeps its default.
+    let signals = if serve_opts.cluster.is_some() { block_signals_and_reload() } else { block_signals() };
     let store = Arc::new(open(volume, opts)?);
     let running = kvhoard_serve::start(Arc::clone(&store), serve_opts.clone()).context("cannot start serving")?;
     let addrs = running.addrs();
@@ -172,15 +235,18 @@ pub fn run(volume: &Path, args: &ServeArgs, opts: StoreOptions) -> anyhow::Resul
     }
     if let Some(a) = addrs.resp {
         let auth = if serve_opts.resp_password.is_some() { ", password required" } else { "" };
-        lines.push(format!("resp://{a} (namespace {}{auth})", serve_opts.resp_namespace));
+        let cluster = serve_opts.cluster.as_ref().map_or_else(String::new, |c| format!(", {}", describe(c)));
+        lines.push(format!("resp://{a} (namespace {}{auth}{cluster})", serve_opts.resp_namespace));
     }
     if let Some(a) = addrs.metrics {
         lines.push(format!("http://{a}/metrics"));
     }
     eprintln!("kvhoard: serving {} on {}; Ctrl-C to stop", volume.display(), lines.join(", "));
     let sig = loop {
-        if let Some(sig) = wait_signal(&signals, Duration::from_secs(1)) {
-            break sig;
+        match wait_signal(&signals, Duration::from_secs(1)) {
+            Some(RELOAD) => reload(&running, args, serve_opts.resp),
+            Some(sig) => break sig,
+            None => {}
         }
     };
     tracing::info!(signal = sig, "stopping");
@@ -222,6 +288,8 @@ mod tests {
             codec: None,
             dram_tier: 0,
             threads: 1,
+            cluster_config: None,
+            cluster_announce: None,
         }
     }
 
@@ -248,5 +316,25 @@ mod tests {
         let with = options(&ServeArgs { resp_password_file: Some(file), ..resp }).unwrap();
         assert_eq!(with.resp_password.as_deref(), Some("hunter2"));
         assert!(options(&ServeArgs { lm: None, ..args() }).unwrap_err().to_string().contains("nothing to serve"));
+    }
+
+    #[test]
+    fn a_cluster_node_finds_itself_in_the_map_or_says_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cluster.map");
+        std::fs::write(&file, "node 127.0.0.1:7001 0-8000\nnode 127.0.0.1:7002 8001-16383\n").unwrap();
+        let resp = |a: &str| Some(parse_addr(a).unwrap());
+        let with = ServeArgs { cluster_config: Some(file.clone()), ..args() };
+        let config = cluster_config(&with, resp("7002")).unwrap().unwrap();
+        assert_eq!((config.myself_index(), config.owned_slots()), (1, 8383));
+        let err = cluster_config(&with, resp("7003")).unwrap_err();
+        assert!(format!("{err:#}").contains("is not in the cluster map"), "{err:#}");
+        assert!(cluster_config(&with, resp("0")).unwrap_err().to_string().contains("fixed port"));
+        let announced = ServeArgs { cluster_announce: Some("127.0.0.1:7001".into()), ..with.clone() };
+        assert_eq!(cluster_config(&announced, resp("0.0.0.0:7002")).unwrap().unwrap().myself_index(), 0);
+        std::fs::write(&file, "node 127.0.0.1:7001 0-100\n").unwrap();
+        let err = cluster_config(&with, resp("7001")).unwrap_err();
+        assert!(format!("{err:#}").contains("assigned to no node"), "{err:#}");
+        assert!(cluster_config(&args(), resp("7001")).unwrap().is_none());
     }
 }

@@ -68,6 +68,7 @@ async fn answer(mut stream: TcpStream, shared: Arc<Shared>) {
 
 async fn render(shared: &Arc<Shared>) -> String {
     let mut text = shared.metrics.prometheus();
+    text.push_str(&shared.cluster.prometheus());
     let store = Arc::clone(&shared.store);
     // The store's statistics take its locks; keep that off the network threads.
     if let Ok(stats) = tokio::task::spawn_blocking(move || store.stats().prometheus()).await {

@@ -3,17 +3,21 @@
 //! `HELLO 3` (redis-py's default).
 //!
 //! Served: PING, ECHO, QUIT, AUTH, HELLO, CLIENT (SETINFO, SETNAME, GETNAME, ID), SELECT 0,
-//! COMMAND (empty), EXISTS, GET, SET (with EX/PX as a TTL), DEL/UNLINK. Anything else gets
-//! `-ERR unknown command`. A request that breaks the protocol gets `-ERR Protocol error` and the
-//! connection is closed, as Redis does.
+//! COMMAND (the served commands' key positions), INFO, DBSIZE, EXISTS, GET, SET (with EX/PX as a
+//! TTL), DEL/UNLINK; in cluster mode also CLUSTER, READONLY, READWRITE, ASKING, and `-MOVED` for
+//! keys of slots other nodes own ([`crate::cluster`]). Anything else gets `-ERR unknown
+//! command`. A request that breaks the protocol gets `-ERR Protocol error` and the connection is
+//! closed, as Redis does.
 
 mod frame;
+mod info;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kvhoard_engine::PutOptions;
 
+use crate::cluster;
 use crate::conn::{self, Conn, End};
 use crate::metrics::{Op, Outcome, Proto};
 use crate::Shared;
@@ -131,6 +135,9 @@ async fn command(name: &str, args: Vec<Arg>, session: &mut Session, shared: &Arc
     if !session.authenticated && !matches!(name, "AUTH" | "HELLO" | "QUIT") {
         return bad(Op::Other, error("NOAUTH Authentication required."));
     }
+    if let Some(answer) = cluster_answer(name, &args, session.proto, shared) {
+        return answer;
+    }
     if name == "SET" {
         return set(args, shared).await;
     }
@@ -174,7 +181,15 @@ async fn command(name: &str, args: Vec<Arg>, session: &mut Session, shared: &Arc
             [_] => bad(Op::Other, error("ERR DB index is out of range (kvhoard has database 0 only)")),
             _ => bad(Op::Other, wrong_args(name)),
         },
-        "COMMAND" => ok(Reply::Raw(b"*0\r\n".to_vec())),
+        "COMMAND" => ok(Reply::Raw(cluster::commands::command(&words(rest), session.proto))),
+        "INFO" => match info::info(&words(rest), shared).await {
+            Ok(text) => ok(bulk_bytes(text.as_bytes())),
+            Err(e) => bad(Op::Other, error(&format!("ERR {e}"))),
+        },
+        "DBSIZE" => match info::dbsize(shared).await {
+            Ok(n) => ok(int(n)),
+            Err(e) => bad(Op::Other, error(&format!("ERR {e}"))),
+        },
         "EXISTS" => exists(rest, shared),
         "GET" => match rest {
             [key] => get(key, session, shared).await,
@@ -186,6 +201,17 @@ async fn command(name: &str, args: Vec<Arg>, session: &mut Session, shared: &Arc
             error(&format!("ERR unknown command '{}'", name.chars().take(64).collect::<String>().to_ascii_lowercase())),
         ),
     }
+}
+
+fn words(args: &[Arg]) -> Vec<&[u8]> {
+    args.iter().map(Arg::bytes).collect()
+}
+
+/// In cluster mode, the cluster commands and the redirection of keys other nodes serve; the
+/// CLUSTER family's refusal in standalone mode. `None`: the command is served here as usual.
+fn cluster_answer(name: &str, args: &[Arg], proto: u8, shared: &Shared) -> Option<(Op, Outcome, Reply)> {
+    let answer = cluster::commands::answer(name, &words(args.get(1..).unwrap_or_default()), proto, &shared.cluster)?;
+    Some((Op::Other, if answer.ok { Outcome::Hit } else { Outcome::Error }, Reply::Raw(answer.bytes)))
 }
 
 fn auth(pass: &[u8], session: &mut Session, shared: &Shared) -> Result<(), Reply> {
@@ -242,7 +268,7 @@ fn hello(rest: &[Arg], session: &mut Session, shared: &Shared) -> (Op, Outcome, 
         (bulk("version"), bulk("7.2.0")),
         (bulk("proto"), format!(":{proto}\r\n")),
         (bulk("id"), format!(":{}\r\n", session.id)),
-        (bulk("mode"), bulk("standalone")),
+        (bulk("mode"), bulk(if shared.cluster.config().is_some() { "cluster" } else { "standalone" })),
         (bulk("role"), bulk("master")),
         (bulk("modules"), "*0\r\n".to_string()),
     ];
