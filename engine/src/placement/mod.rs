@@ -18,6 +18,7 @@ mod cost_benefit;
 mod fifo;
 pub mod group_ttl;
 mod lru;
+pub mod planner;
 
 pub use cost_benefit::cost_benefit;
 pub use fifo::Fifo;

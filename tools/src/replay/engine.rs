@@ -8,14 +8,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use kvhoard_engine::placement::Placement;
-use kvhoard_engine::{
-    Clock, CodecSpec, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions,
-};
+use kvhoard_engine::{Clock, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions};
 
 use super::cache::{Cache, CacheStats, Lookup};
 use super::model::{block_bytes, block_of, Profile};
 use super::sim::Bandwidths;
+use super::PolicySpec;
 
 /// Namespace a replay stores its blocks in.
 const NAMESPACE: &str = "replay";
@@ -42,11 +40,12 @@ impl EngineCache {
         scale: u64,
         ssd_bytes: u64,
         dram_bytes: u64,
-        placement: Arc<dyn Placement>,
-        codec: Option<CodecSpec>,
+        policy: &PolicySpec,
         base: &StoreOptions,
     ) -> anyhow::Result<EngineCache> {
         let clock = Arc::new(AtomicU64::new(EPOCH_MS));
+        let placement = policy.placement(Clock::manual(Arc::clone(&clock)));
+        let codec = policy.codec;
         let (create, _) = geometry(&model, scale, ssd_bytes);
         let opts = StoreOptions {
             clock: Clock::manual(Arc::clone(&clock)),
@@ -226,6 +225,9 @@ impl Cache for EngineCache {
             stored_bytes: s.live_bytes * self.scale,
             // The engine does not account how long blocks lived.
             byte_seconds: 0.0,
+            planner_cpu_s: 0.0,
+            recompressed: 0,
+            planner_drops: 0,
         }
     }
 }

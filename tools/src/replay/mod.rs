@@ -18,12 +18,14 @@ pub mod ttl_curve;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
+use kvhoard_engine::placement::planner::{PlannedCleaning, PlannerConfig, StoreOption};
 use kvhoard_engine::placement::{Fifo, Lru, Placement};
-use kvhoard_engine::{CodecSpec, StoreOptions};
+use kvhoard_engine::{Clock, CodecSpec, StoreOptions};
 use serde_json::{json, Value};
 
 use crate::plot::{Chart, Series, SeriesLabelPosition};
@@ -34,6 +36,18 @@ use run::{quantile, replay, Report};
 use setup::{ServingArgs, Setup};
 use sim::SimCache;
 use ttl::TtlSpec;
+
+/// Codecs the `planner` policy chooses among (besides raw and dropping): every one a whole-block
+/// reader can serve.
+const PLANNER_CODECS: [&str; 4] = ["lossless", "quant:bits=8", "quant:bits=4", "quant:bits=2"];
+/// The planner's α unless the policy says: a block's whole quality is worth 50 ms of delay, three
+/// times what recomputing it costs (an 8B model's 512 tokens on the default GPU: 17 ms).
+const DEFAULT_ALPHA: f64 = 0.05;
+/// Half-life of a context's access count under the planner.
+const PLANNER_HALF_LIFE_MS: u64 = 600_000;
+/// Share of the volume the planner fills: cleaning keeps every block the planner keeps, and at
+/// 85 % it wrote 1.3-2.9 bytes per byte put on the shared trace, at 70 % 0.5-1.0.
+const PLANNER_FILL: f64 = 0.7;
 
 /// The real engine's block divisor unless `--scale` says otherwise: an 8B model's 64 MiB trace
 /// block becomes 2 MiB.
@@ -56,7 +70,8 @@ pub struct ReplayArgs {
     pub compare: Option<PathBuf>,
     /// Policies, comma separated: lru (cleaning keeps what was read), fifo (the oldest segment
     /// reclaimed whole), either with a codec for every block (lru:SPEC, fifo:SPEC, e.g.
-    /// lru:quant:bits=8); fixed:SPEC is lru:SPEC.
+    /// lru:quant:bits=8); fixed:SPEC is lru:SPEC; planner or planner:alpha=SECS (the placement
+    /// planner chooses each context's codec or drops it; simulator only).
     #[arg(long, default_value = "lru", value_name = "LIST")]
     pub policy: String,
     /// Divide every block's size by this on the real engine (layers × 512 must be a multiple);
@@ -129,12 +144,25 @@ pub struct PolicySpec {
     /// The codec every block is stored with, if any.
     pub codec: Option<CodecSpec>,
     lru: bool,
+    /// The placement planner's α (seconds of delay a unit of quality is worth), for `planner`.
+    pub planner: Option<f64>,
 }
 
 impl PolicySpec {
-    /// Parses `lru`, `fifo`, `lru:SPEC`, `fifo:SPEC` or `fixed:SPEC` (= `lru:SPEC`).
+    /// Parses `lru`, `fifo`, `lru:SPEC`, `fifo:SPEC`, `fixed:SPEC` (= `lru:SPEC`) or
+    /// `planner[:alpha=SECS]`.
     pub fn parse(text: &str) -> anyhow::Result<PolicySpec> {
         let text = text.trim();
+        if let Some(rest) = text.strip_prefix("planner") {
+            let alpha = match rest.strip_prefix(":alpha=") {
+                Some(a) => a.parse::<f64>().ok().filter(|a| a.is_finite() && *a >= 0.0).with_context(|| {
+                    format!("policy {text:?}: alpha must be a number of seconds, e.g. planner:alpha=0.5")
+                })?,
+                None if rest.is_empty() => DEFAULT_ALPHA,
+                None => bail!("unknown policy {text:?}; use planner or planner:alpha=SECS"),
+            };
+            return Ok(PolicySpec { name: text.into(), codec: None, lru: true, planner: Some(alpha) });
+        }
         let (eviction, codec) = text.split_once(':').map_or((text, None), |(e, c)| (e, Some(c)));
         let lru = match eviction {
             "lru" | "fixed" => true,
@@ -150,21 +178,30 @@ impl PolicySpec {
             }
             None => None,
         };
-        Ok(PolicySpec { name: text.into(), codec, lru })
+        Ok(PolicySpec { name: text.into(), codec, lru, planner: None })
     }
 
-    /// The engine placement this policy is.
-    pub fn placement(&self) -> Arc<dyn Placement> {
-        if self.lru {
-            Arc::new(Lru::default())
+    /// The engine placement this policy is, reading time (segment ages) from `clock`: the
+    /// replay's, which follows trace time.
+    pub fn placement(&self, clock: Clock) -> Arc<dyn Placement> {
+        if self.planner.is_some() {
+            Arc::new(PlannedCleaning::new(clock))
+        } else if self.lru {
+            Arc::new(Lru::new(clock))
         } else {
             Arc::new(Fifo)
         }
     }
 
-    /// Codecs its blocks may be stored with: raw, and its codec's measured facts.
+    /// Codecs its blocks may be stored with: raw, and its codec's (or the planner's) measured
+    /// facts.
     pub fn codecs(&self) -> anyhow::Result<Vec<CodecFacts>> {
         let mut facts = vec![CodecFacts::raw()];
+        if self.planner.is_some() {
+            for spec in PLANNER_CODECS {
+                facts.push(CodecFacts::measure(CodecSpec::parse(spec)?)?);
+            }
+        }
         if let Some(spec) = self.codec {
             facts.push(CodecFacts::measure(spec)?);
         }
@@ -184,20 +221,50 @@ fn progress(len: u64, show: bool, what: &str) -> ProgressBar {
     bar
 }
 
+/// The planner's options for `facts`: each codec as a load from the log and a decode, then
+/// dropped (recomputed by a prefill), with the quality estimates it may see.
+fn planner_for(s: &Setup, alpha: f64, facts: &[CodecFacts], budget_bytes: u64) -> sim::Planned {
+    let mut options: Vec<StoreOption> = facts
+        .iter()
+        .map(|f| {
+            let stored = s.raw_block as f64 * f.ratio;
+            let decode = s.raw_block as f64 / (f.decode_bps * s.bandwidths.decode_cores.max(1.0));
+            StoreOption {
+                ratio: f.ratio,
+                delay_s: stored / s.bandwidths.ssd_bps + decode,
+                lossy: f.spec.is_some_and(|c| c.is_lossy()),
+            }
+        })
+        .collect();
+    options.push(StoreOption { ratio: 0.0, delay_s: s.gpu.prefill_s(&s.model, trace::BLOCK_TOKENS), lossy: false });
+    let estimates = (0..model::SENSITIVITY_LEVELS)
+        .map(|level| facts.iter().map(|f| f.estimate[level]).chain([1.0]).collect())
+        .collect();
+    let config = PlannerConfig { alpha, half_life_ms: PLANNER_HALF_LIFE_MS, budget_bytes, options };
+    sim::Planned::new(config, estimates)
+}
+
 /// The simulator for `policy` with `tiers`.
 fn sim_cache(s: &Setup, policy: &PolicySpec, facts: &[CodecFacts], tiers: Tiers) -> SimCache {
     // Segments as the engine's replay volume has them (sized at the scaled block, scaled back).
     let (create, segments) = engine::geometry(&s.model, tiers.scale, tiers.ssd);
     let segment = create.segment_size_bytes * tiers.scale;
-    SimCache::new(
-        policy.placement(),
-        facts.last().cloned().unwrap_or_else(CodecFacts::raw),
+    let capacity = u64::from(segments) * segment;
+    let clock = Arc::new(AtomicU64::new(0));
+    let placement = policy.placement(Clock::manual(Arc::clone(&clock)));
+    let cache = SimCache::new(
+        placement,
+        clock,
+        facts.to_vec(),
         s.bandwidths,
         s.raw_block,
-        u64::from(segments) * segment,
-        segment,
-        tiers.dram,
-    )
+        sim::Layout { ssd_bytes: capacity, segment_bytes: segment, dram_bytes: tiers.dram },
+    );
+    match policy.planner {
+        // The planner keeps what it decides within most of the volume, leaving the cleaner room.
+        Some(alpha) => cache.with_planner(planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64)),
+        None => cache,
+    }
 }
 
 /// One policy's replay through the simulator.
@@ -220,26 +287,21 @@ fn run_one(
     tiers: Tiers,
     volume: Option<&Path>,
 ) -> anyhow::Result<Report> {
-    let facts = policy.codecs()?;
+    let facts = s.codecs(policy)?;
     let show = !args.json && std::io::stderr().is_terminal();
     let bar = progress(s.trace.requests.len() as u64, show, &policy.name);
     let report = match volume {
         None => simulate(s, policy, &facts, tiers, &bar)?,
+        Some(_) if policy.planner.is_some() => {
+            bail!("the planner policy runs in the simulator only (--sim): the engine does not apply its decisions yet")
+        }
         Some(dir) => {
             let dir = dir.join(format!("replay-{}", policy.name.replace([':', ',', '=', '+'], "_")));
             if dir.exists() {
                 bail!("{} exists; replay needs a fresh directory", dir.display());
             }
-            let mut cache = engine::EngineCache::create(
-                &dir,
-                s.model,
-                args.scale,
-                tiers.ssd,
-                tiers.dram,
-                policy.placement(),
-                policy.codec,
-                &s.store,
-            )?;
+            let mut cache =
+                engine::EngineCache::create(&dir, s.model, args.scale, tiers.ssd, tiers.dram, policy, &s.store)?;
             let result = replay(&s.trace, &mut cache as &mut dyn Cache, &s.settings(facts, tiers.ttl), &bar);
             cache.close()?;
             let _ = std::fs::remove_dir_all(&dir);
@@ -276,6 +338,9 @@ pub fn summary(name: &str, mode: &str, report: &Report) -> Value {
         "evictions": report.cache.evictions,
         "stored_bytes": report.cache.stored_bytes,
         "byte_seconds": report.cache.byte_seconds,
+        "planner_cpu_s": round(report.cache.planner_cpu_s, 4),
+        "recompressed": report.cache.recompressed,
+        "planner_drops": report.cache.planner_drops,
     })
 }
 

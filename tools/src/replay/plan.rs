@@ -115,7 +115,7 @@ fn space(args: &CapacityArgs, distinct: u64) -> anyhow::Result<Space> {
 pub fn run(args: &CapacityArgs, store: StoreOptions) -> anyhow::Result<ExitCode> {
     let s = Setup::new(&args.trace, &args.serving, store, None)?;
     let policy = PolicySpec::parse(&args.policy)?;
-    let facts = policy.codecs()?;
+    let facts = s.codecs(&policy)?;
     let space = space(args, s.distinct_bytes())?;
     let cost = |dram: u64, ssd: u64| dram as f64 / 1e9 * args.dram_cost + ssd as f64 / 1e9 * args.ssd_cost;
     let hidden = ProgressBar::hidden();

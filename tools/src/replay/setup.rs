@@ -57,6 +57,10 @@ pub struct ServingArgs {
     /// Speed arrivals up by this factor.
     #[arg(long, default_value_t = 1.0, value_name = "F")]
     pub time_scale: f64,
+    /// Charge every codec's decode at this many GB/s per core instead of measuring it when the
+    /// replay starts: replays that decide by decode speed (planner) then repeat exactly.
+    #[arg(long, value_name = "GBPS")]
+    pub codec_gbps: Option<f64>,
 }
 
 /// Everything a replay needs besides a policy and tier sizes.
@@ -77,6 +81,8 @@ pub struct Setup {
     pub bandwidths: Bandwidths,
     /// I/O options for real-engine replays.
     pub store: StoreOptions,
+    /// Decode speed every codec is charged at, bytes per second per core, when pinned.
+    pub codec_bps: Option<f64>,
 }
 
 impl Setup {
@@ -100,6 +106,9 @@ impl Setup {
         if !positive(args.time_scale) || !positive(args.mfu) || !positive(args.gpu_tflops) || args.gpus == 0 {
             bail!("--time-scale, --mfu, --gpu-tflops and --gpus must be positive");
         }
+        if args.codec_gbps.is_some_and(|g| !positive(g)) {
+            bail!("--codec-gbps must be a positive number of GB/s");
+        }
         let bandwidths = bandwidths(args, model, &store, calibrate_on)?;
         Ok(Setup {
             trace,
@@ -107,6 +116,7 @@ impl Setup {
             gpu: Gpu { peak_flops: args.gpu_tflops * 1e12, mfu: args.mfu },
             gpus: args.gpus,
             time_scale: args.time_scale,
+            codec_bps: args.codec_gbps.map(|g| g * 1e9),
             raw_block: block_bytes(&model, 1),
             bandwidths,
             store,
@@ -125,6 +135,18 @@ impl Setup {
             bail!("a tier fraction must be between 0 and 1000, not {f}");
         }
         Ok(bytes.unwrap_or((self.distinct_bytes() as f64 * f) as u64))
+    }
+
+    /// The facts of the codecs `policy` stores with: measured, and their decode speed pinned
+    /// where `--codec-gbps` says.
+    pub fn codecs(&self, policy: &super::PolicySpec) -> anyhow::Result<Vec<super::model::CodecFacts>> {
+        let mut facts = policy.codecs()?;
+        if let Some(bps) = self.codec_bps {
+            for f in facts.iter_mut().filter(|f| f.spec.is_some()) {
+                f.decode_bps = bps;
+            }
+        }
+        Ok(facts)
     }
 
     /// The replay loop's settings for codecs `codecs`.

@@ -6,14 +6,18 @@
 //! and the codec's measured decode speed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::time::{Duration, Instant};
+
+use kvhoard_engine::placement::planner::{Planner, PlannerConfig};
 use kvhoard_engine::placement::{BlockInfo, Keep, LiveBlock, Placement, SegmentView};
 use kvhoard_engine::tier::DramTier;
 use kvhoard_engine::Loc;
 
 use super::cache::{Cache, CacheStats, Lookup};
-use super::model::CodecFacts;
+use super::model::{sensitivity, CodecFacts};
 
 /// Record overhead: a header unit per record, payload rounded up to a unit (as on disk).
 const UNIT: u64 = 4096;
@@ -40,6 +44,8 @@ struct Entry {
     written_ms: u64,
     expires_ms: u64,
     group: u64,
+    /// Index of its codec in the cache's list.
+    codec: u8,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -52,10 +58,29 @@ struct Segment {
     sealed: bool,
 }
 
+/// The simulated volume's sizes, at the model's block sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// The log.
+    pub ssd_bytes: u64,
+    /// One segment of it.
+    pub segment_bytes: u64,
+    /// The DRAM tier.
+    pub dram_bytes: u64,
+}
+
 /// The simulated volume.
 pub struct SimCache {
     placement: Arc<dyn Placement>,
-    codec: CodecFacts,
+    /// The placement's clock: trace time, ms.
+    clock: Arc<AtomicU64>,
+    /// Codecs blocks may be stored with, raw first.
+    codecs: Vec<CodecFacts>,
+    /// The codec a put uses without a planner.
+    default_codec: u8,
+    /// What an unknown codec index means: raw.
+    raw: CodecFacts,
+    planner: Option<Planned>,
     bandwidths: Bandwidths,
     raw_block: u64,
     segment_bytes: u64,
@@ -72,26 +97,32 @@ pub struct SimCache {
 }
 
 impl SimCache {
-    /// A volume of `ssd_bytes` in segments of `segment_bytes`, a DRAM tier of `dram_bytes`,
-    /// blocks of `raw_block` bytes stored with `codec`, placed by `placement`.
+    /// A volume laid out as `layout`, blocks of `raw_block` bytes stored with the last of
+    /// `codecs` (raw first), placed by `placement` (whose clock, `clock`, the cache keeps at
+    /// trace time).
     pub fn new(
         placement: Arc<dyn Placement>,
-        codec: CodecFacts,
+        clock: Arc<AtomicU64>,
+        codecs: Vec<CodecFacts>,
         bandwidths: Bandwidths,
         raw_block: u64,
-        ssd_bytes: u64,
-        segment_bytes: u64,
-        dram_bytes: u64,
+        layout: Layout,
     ) -> SimCache {
-        let count = (ssd_bytes / segment_bytes).max(2) as usize;
+        let Layout { ssd_bytes, segment_bytes, dram_bytes } = layout;
+        let count = (ssd_bytes / segment_bytes.max(1)).max(2) as usize;
         let mut segments = vec![Segment::default(); count];
         if let Some(s) = segments.first_mut() {
             s.seq = 1;
             s.used = UNIT;
         }
+        let default_codec = u8::try_from(codecs.len().saturating_sub(1)).unwrap_or(0);
         SimCache {
             placement,
-            codec,
+            clock,
+            codecs,
+            default_codec,
+            raw: CodecFacts::raw(),
+            planner: None,
             bandwidths,
             raw_block,
             segment_bytes,
@@ -106,8 +137,12 @@ impl SimCache {
         }
     }
 
-    fn record_bytes(&self) -> u64 {
-        let stored = (self.raw_block as f64 * self.codec.ratio).ceil() as u64;
+    fn facts(&self, codec: u8) -> &CodecFacts {
+        self.codecs.get(usize::from(codec)).unwrap_or(&self.raw)
+    }
+
+    fn record_bytes(&self, codec: u8) -> u64 {
+        let stored = (self.raw_block as f64 * self.facts(codec).ratio).ceil() as u64;
         UNIT + stored.div_ceil(UNIT) * UNIT
     }
 
@@ -178,7 +213,7 @@ impl SimCache {
             self.dram.remove(&Self::fp(id));
             self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
             if keep {
-                self.append(id, e.group, now_ms, e.expires_ms);
+                self.append(id, e.group, now_ms, e.expires_ms, e.codec);
                 self.stats.relocated_bytes += e.record;
             } else {
                 self.stats.evictions += 1;
@@ -214,8 +249,8 @@ impl SimCache {
         self.open = free;
     }
 
-    fn append(&mut self, id: u64, group: u64, now_ms: u64, expires_ms: u64) {
-        let record = self.record_bytes();
+    fn append(&mut self, id: u64, group: u64, now_ms: u64, expires_ms: u64, codec: u8) {
+        let record = self.record_bytes(codec);
         if self.segments[self.open].used + record > self.segment_bytes - UNIT {
             self.start_segment(now_ms);
         }
@@ -235,6 +270,7 @@ impl SimCache {
                 written_ms: now_ms,
                 expires_ms,
                 group,
+                codec,
             },
         );
     }
@@ -258,9 +294,117 @@ impl SimCache {
     }
 }
 
+/// The placement planner driving a simulated volume: the codec each context's blocks are kept
+/// with, or whether they are dropped (`kvhoard_engine::placement::planner`). Its options are the
+/// cache's codecs in order, then "dropped".
+pub struct Planned {
+    planner: Planner,
+    /// Blocks stored per context (some may have gone since: checked against the index).
+    blocks: HashMap<u64, Vec<u64>>,
+    /// Per sensitivity level, per option: the quality the planner estimates (from derived probes,
+    /// never the replay's own queries).
+    estimates: Vec<Vec<f64>>,
+    /// Time spent deciding.
+    pub cpu: Duration,
+    /// Blocks written again with another codec.
+    pub recompressed: u64,
+    /// Blocks dropped by a decision.
+    pub dropped: u64,
+}
+
+impl Planned {
+    /// A planner over `config`, seeing `estimates[level][option]`.
+    pub fn new(config: PlannerConfig, estimates: Vec<Vec<f64>>) -> Planned {
+        Planned {
+            planner: Planner::new(config),
+            blocks: HashMap::new(),
+            estimates,
+            cpu: Duration::ZERO,
+            recompressed: 0,
+            dropped: 0,
+        }
+    }
+
+    fn codec_of(&self, context: u64) -> u8 {
+        u8::try_from(self.planner.option_of(context)).unwrap_or(0)
+    }
+}
+
+impl SimCache {
+    /// This cache with its codecs chosen per context by `planned`.
+    pub fn with_planner(mut self, planned: Planned) -> SimCache {
+        self.planner = Some(planned);
+        self
+    }
+
+    /// What the planner did: (CPU seconds, blocks recompressed, blocks dropped).
+    pub fn planner_work(&self) -> Option<(f64, u64, u64)> {
+        self.planner.as_ref().map(|p| (p.cpu.as_secs_f64(), p.recompressed, p.dropped))
+    }
+
+    /// Tells the planner a request of `context` is storing `new` blocks.
+    fn plan_put(&mut self, now_ms: u64, context: u64, new: usize) {
+        let Some(mut p) = self.planner.take() else { return };
+        let started = Instant::now();
+        let index = &self.index;
+        let kept = p.blocks.get_mut(&context).map_or(0, |ids| {
+            ids.retain(|id| index.get(id).is_some_and(|e| e.group == context));
+            ids.len()
+        });
+        let level = sensitivity(context);
+        let quality = p.estimates.get(level).cloned().unwrap_or_default();
+        p.planner.touch(context, now_ms, (kept + new) as u64, self.raw_block, &quality);
+        p.cpu += started.elapsed();
+        self.planner = Some(p);
+    }
+
+    /// Applies the planner's decisions until the kept bytes fit its budget.
+    fn rebalance(&mut self, now_ms: u64) {
+        let Some(mut p) = self.planner.take() else { return };
+        let started = Instant::now();
+        let changes = p.planner.rebalance();
+        p.cpu += started.elapsed();
+        let dropped = u8::try_from(self.codecs.len()).unwrap_or(u8::MAX);
+        let mut last: HashMap<u64, usize> = HashMap::new();
+        for c in changes {
+            last.insert(c.context, c.option);
+        }
+        let mut contexts: Vec<(u64, usize)> = last.into_iter().collect();
+        contexts.sort_unstable();
+        for (context, option) in contexts {
+            let option = u8::try_from(option).unwrap_or(dropped);
+            let ids = p.blocks.get(&context).cloned().unwrap_or_default();
+            for id in ids {
+                let Some(e) = self.index.get(&id).copied() else { continue };
+                if e.group != context || e.codec == option {
+                    continue;
+                }
+                self.index.remove(&id);
+                self.dram.remove(&Self::fp(id));
+                self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
+                if option >= dropped {
+                    self.stats.evictions += 1;
+                    p.dropped += 1;
+                } else {
+                    // Recompressed: written again with the new codec; the old record is dead.
+                    self.clean_if_short(now_ms);
+                    self.append(id, context, now_ms, e.expires_ms, option);
+                    self.stats.relocated_bytes += self.record_bytes(option);
+                    p.recompressed += 1;
+                }
+            }
+            if option >= dropped {
+                p.blocks.remove(&context);
+            }
+        }
+        self.planner = Some(p);
+    }
+}
+
 impl Cache for SimCache {
     fn lookup(&mut self, now_ms: u64, blocks: &[u64]) -> anyhow::Result<Lookup> {
         self.now_ms = self.now_ms.max(now_ms);
+        self.clock.store(self.now_ms, Ordering::Relaxed);
         let mut lookup = Lookup::default();
         for &id in blocks {
             let Some(e) = self.index.get_mut(&id) else { break };
@@ -268,9 +412,10 @@ impl Cache for SimCache {
                 break;
             }
             e.reads = e.reads.saturating_add(1);
+            let e = *e;
             let loc = Loc { segment: e.segment, unit: e.unit };
             let stored = e.record - UNIT;
-            let decode = e.raw as f64 / (self.codec.decode_bps * self.bandwidths.decode_cores.max(1.0));
+            let decode = e.raw as f64 / (self.facts(e.codec).decode_bps * self.bandwidths.decode_cores.max(1.0));
             let info =
                 BlockInfo { namespace: "replay", raw_bytes: e.raw, record_bytes: e.record, group: Some(e.group) };
             let in_dram = self.dram.get(&Self::fp(id), loc).is_some();
@@ -285,16 +430,19 @@ impl Cache for SimCache {
                     stored as f64 / self.bandwidths.ssd_bps
                 };
             lookup.hits += 1;
-            lookup.hit_codec.push(usize::from(self.codec.spec.is_some()));
+            lookup.hit_codec.push(usize::from(e.codec));
         }
         Ok(lookup)
     }
 
     fn store(&mut self, now_ms: u64, blocks: &[u64], group: u64, ttl_ms: Option<u64>) -> anyhow::Result<()> {
         self.now_ms = self.now_ms.max(now_ms);
+        self.clock.store(self.now_ms, Ordering::Relaxed);
         if ttl_ms == Some(0) {
             return Ok(()); // a TTL of 0 keeps nothing
         }
+        self.plan_put(now_ms, group, blocks.len());
+        let codec_of = |c: &SimCache| c.planner.as_ref().map_or(c.default_codec, |p| p.codec_of(group));
         for &id in blocks {
             if let Some(e) = self.index.get(&id).copied() {
                 if e.expires_ms == 0 || e.expires_ms > now_ms {
@@ -307,19 +455,24 @@ impl Cache for SimCache {
             }
             self.clean_if_short(now_ms);
             let expires = ttl_ms.map_or(0, |t| now_ms + t);
-            self.append(id, group, now_ms, expires);
+            let codec = codec_of(self);
+            self.append(id, group, now_ms, expires, codec);
             self.stats.put_bytes += self.raw_block;
+            if let Some(p) = self.planner.as_mut() {
+                p.blocks.entry(group).or_default().push(id);
+            }
             let e = self.index.get(&id).copied();
             let info = BlockInfo {
                 namespace: "replay",
                 raw_bytes: self.raw_block,
-                record_bytes: self.record_bytes(),
+                record_bytes: self.record_bytes(codec),
                 group: Some(group),
             };
             if let (Some(e), true) = (e, self.placement.on_put(&info).dram) {
                 self.dram.insert(Self::fp(id), Loc { segment: e.segment, unit: e.unit }, e.record - UNIT, ());
             }
         }
+        self.rebalance(now_ms);
         Ok(())
     }
 
@@ -328,6 +481,9 @@ impl Cache for SimCache {
         s.stored_bytes = self.index.values().map(|e| e.record).sum();
         let live: f64 = self.index.values().map(|e| e.record as f64 * Self::kept_ms(e, self.now_ms) as f64).sum();
         s.byte_seconds = (self.removed_byte_ms + live) / 1e3;
+        if let Some((cpu, recompressed, dropped)) = self.planner_work() {
+            (s.planner_cpu_s, s.recompressed, s.planner_drops) = (cpu, recompressed, dropped);
+        }
         s
     }
 }

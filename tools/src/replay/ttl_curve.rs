@@ -35,7 +35,7 @@ pub fn run(
     plot: Option<&Path>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let facts = policy.codecs()?;
+    let facts = s.codecs(policy)?;
     let stored = s.settings(facts.clone(), TtlSpec::None).stored_block_bytes;
     let accesses = trace_accesses(&s.trace, s.time_scale, stored);
     let whole = GroupTtlConfig { window_ms: u64::MAX, max_accesses: usize::MAX, ..config };
