@@ -101,7 +101,8 @@ impl Store {
         codec: Option<&str>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let region = Region::readable(data)?;
-        let opts = PutOptions { codec: parse_codec(codec)?, ..self.put_options(desc.map(DescArg::into_desc).transpose()?) };
+        let opts =
+            PutOptions { codec: parse_codec(codec)?, ..self.put_options(desc.map(DescArg::into_desc).transpose()?) };
         // SAFETY: the caller does not write to `data` during the call (see `Region::bytes`).
         let hash = py
             .detach(|| self.engine.put(&self.namespace, key, unsafe { region.bytes() }, &opts))
@@ -160,7 +161,11 @@ impl Store {
     /// The block under `key` as stored (the codec's output, untouched) and its description
     /// (see `describe`; `codec_params` holds the codec's parameters), for a client that decodes
     /// itself; None on a miss.
-    fn get_frame<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyDict>)>> {
+    fn get_frame<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyDict>)>> {
         let got =
             py.detach(|| self.engine.get_frame(&self.namespace, key, ReadOptions::default())).map_err(engine_error)?;
         let Some(frame) = got else { return Ok(None) };
@@ -337,9 +342,7 @@ impl Store {
 
 /// A codec spec from Python (None: the namespace's default).
 fn parse_codec(codec: Option<&str>) -> PyResult<Option<CodecSpec>> {
-    codec
-        .map(|c| CodecSpec::parse(c).map_err(|e| PyValueError::new_err(format!("codec {c:?}: {e}"))))
-        .transpose()
+    codec.map(|c| CodecSpec::parse(c).map_err(|e| PyValueError::new_err(format!("codec {c:?}: {e}")))).transpose()
 }
 
 /// `(layout, dtype, shape)` as Python passes it.
