@@ -126,7 +126,8 @@ mod tests {
             bad[at] ^= 0x40;
             assert!(decode(&unit_with(&bad)).is_err(), "a flip at {at} went unnoticed");
         }
-        let many: Vec<NsPolicy> = (0..100)
+        // Each entry takes 34 bytes: more than the area holds.
+        let many: Vec<NsPolicy> = (0..AREA_BYTES / 34 + 1)
             .map(|i| NsPolicy {
                 namespace: format!("namespace-{i:04}"),
                 codec: "lossless:level=1".into(),

@@ -205,6 +205,9 @@ fn lm_bad_input_costs_only_that_request_or_connection() {
     let server = Server::start(opts);
     let mut good = server.lm();
     lm_put(&mut good, "survivor", &CHUNK, &chunk_bytes(3, 2 << 20));
+    // An lm:// PUT has no reply: asking on the same connection waits until it is stored, so
+    // the other connection's checks below cannot race it.
+    assert!(lm_exists(&mut good, "survivor"));
 
     // Too large: the payload is read and dropped, the connection goes on, nothing is stored.
     let mut c = server.lm();

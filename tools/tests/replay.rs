@@ -21,6 +21,27 @@ fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// A generated trace of `requests` at 2 per second in `dir`.
+fn generate(dir: &Path, shape: &str, requests: u32, seed: u32) -> std::path::PathBuf {
+    let trace = dir.join(format!("{shape}-{seed}.jsonl"));
+    let (requests, seed) = (requests.to_string(), seed.to_string());
+    ok(&[
+        "trace",
+        "generate",
+        "--shape",
+        shape,
+        "--requests",
+        &requests,
+        "--rate",
+        "2",
+        "--seed",
+        &seed,
+        "-o",
+        p(&trace),
+    ]);
+    trace
+}
+
 /// Six requests, one second apart, every prompt whole 512-token blocks.
 const TINY: &str = "\
 {\"timestamp\": 0, \"input_length\": 2048, \"output_length\": 10, \"hash_ids\": [1, 2, 3, 4]}
@@ -192,21 +213,7 @@ fn plots_are_drawn() {
 #[test]
 fn plan_capacity_finds_a_frontier_on_a_generated_trace() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("docs.jsonl");
-    ok(&[
-        "trace",
-        "generate",
-        "--shape",
-        "documents",
-        "--requests",
-        "300",
-        "--rate",
-        "2",
-        "--seed",
-        "3",
-        "-o",
-        p(&trace),
-    ]);
+    let trace = generate(dir.path(), "documents", 300, 3);
     let again = ok(&["trace", "generate", "--shape", "documents", "--requests", "300", "--rate", "2", "--seed", "3"]);
     assert_eq!(std::fs::read_to_string(&trace).unwrap(), again, "the same seed writes the same trace");
     let stats: Value = serde_json::from_str(&ok(&["trace", "stats", p(&trace), "--json"])).unwrap();
@@ -248,21 +255,7 @@ fn plan_capacity_finds_a_frontier_on_a_generated_trace() {
 #[test]
 fn the_ttl_curve_keeps_group_ttl_within_its_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("sessions.jsonl");
-    ok(&[
-        "trace",
-        "generate",
-        "--shape",
-        "sessions",
-        "--requests",
-        "400",
-        "--rate",
-        "2",
-        "--seed",
-        "9",
-        "-o",
-        p(&trace),
-    ]);
+    let trace = generate(dir.path(), "sessions", 400, 9);
     let plots = dir.path().join("plots");
     let out = ok(&["replay", p(&trace), "--sim", "--ttl-curve", "--ttl-groups", "8", "--plot", p(&plots), "--json"]);
     let r: Value = serde_json::from_str(&out).unwrap();
@@ -290,21 +283,7 @@ fn the_ttl_curve_keeps_group_ttl_within_its_budget() {
 #[test]
 fn the_planner_replays_deterministically_and_only_in_the_simulator() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("docs.jsonl");
-    ok(&[
-        "trace",
-        "generate",
-        "--shape",
-        "documents",
-        "--requests",
-        "300",
-        "--rate",
-        "2",
-        "--seed",
-        "4",
-        "-o",
-        p(&trace),
-    ]);
+    let trace = generate(dir.path(), "documents", 300, 4);
     let run = || -> Value {
         serde_json::from_str(&ok(&[
             "replay",

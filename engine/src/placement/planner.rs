@@ -27,7 +27,7 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use super::{cost_benefit, BlockInfo, Keep, LiveBlock, Placement, PutPlan, SegmentView};
+use super::{BlockInfo, Keep, LiveBlock, Lru, Placement, PutPlan, SegmentView};
 use crate::clock::Clock;
 
 /// One way of keeping a context's blocks.
@@ -263,32 +263,30 @@ impl Planner {
 }
 
 /// The cleaning side of a planned volume: the planner decides what is dropped and how the rest
-/// is compressed, so a cleaner keeps every live block, relocating it; victims by cost-benefit
-/// (they hold the most dead space the planner's decisions left). The DRAM tier holds what is put
-/// and read, least recently used out.
+/// is compressed, so a cleaner keeps every live block, relocating it. Otherwise as [`Lru`]:
+/// victims by cost-benefit (they hold the most dead space the planner's decisions left), the
+/// DRAM tier holding what is put and read.
 #[derive(Debug, Clone, Default)]
-pub struct PlannedCleaning {
-    clock: Clock,
-}
+pub struct PlannedCleaning(Lru);
 
 impl PlannedCleaning {
     /// Reading time from `clock` (the store's).
     pub fn new(clock: Clock) -> PlannedCleaning {
-        PlannedCleaning { clock }
+        PlannedCleaning(Lru::new(clock))
     }
 }
 
 impl Placement for PlannedCleaning {
-    fn on_put(&self, _: &BlockInfo<'_>) -> PutPlan {
-        PutPlan { dram: true }
+    fn on_put(&self, block: &BlockInfo<'_>) -> PutPlan {
+        self.0.on_put(block)
     }
 
-    fn on_load(&self, _: &BlockInfo<'_>) -> bool {
-        true
+    fn on_load(&self, block: &BlockInfo<'_>) -> bool {
+        self.0.on_load(block)
     }
 
     fn victim(&self, candidates: &[SegmentView]) -> u32 {
-        cost_benefit(candidates, self.clock.now_unix_ms()).unwrap_or(0)
+        self.0.victim(candidates)
     }
 
     fn cleans(&self) -> bool {
