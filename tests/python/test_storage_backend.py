@@ -173,7 +173,10 @@ def test_store_describe_and_desc_validation(tmp_path):
         with pytest.raises(ValueError, match="unknown dtype"):
             store.put("t2", data, desc=("kv_2ltd", "bfloat16", (2, 4, 16, 8)))
         with pytest.raises(ValueError, match="unknown layout"):
-            store.put("t2", data, desc=("KV_2LTD", "bf16", (2, 4, 16, 8)))
+            store.put("t2", data, desc=("kv_9xyz", "bf16", (2, 4, 16, 8)))
+        # Layout names are taken in any case (LMCache writes KV_2LTD).
+        store.put("upper", data, desc=("KV_2LTD", "bf16", (2, 4, 16, 8)))
+        assert store.describe("upper")["layout"] == "kv_2ltd"
         other = bytes([1]) * len(data)
         store.put_batch(["a", "b", "c"], [data, other, b"x"],
                         descs=[("kv_2ltd", "bf16", (2, 4, 16, 8)), ("kv_2ltd", "f16", (2, 4, 16, 8)), None])
