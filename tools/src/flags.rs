@@ -30,8 +30,12 @@ pub fn parse_layout(s: &str) -> Result<kvhoard_engine::format::Layout, String> {
     })
 }
 
+/// A block's shape from the command line.
+#[derive(Debug, Clone)]
+pub struct Shape(pub Vec<u64>);
+
 /// A shape: dimensions separated by commas.
-pub fn parse_shape(s: &str) -> Result<crate::commands::keys::Shape, String> {
+pub fn parse_shape(s: &str) -> Result<Shape, String> {
     s.split(',')
         .map(|d| {
             d.trim()
@@ -39,5 +43,5 @@ pub fn parse_shape(s: &str) -> Result<crate::commands::keys::Shape, String> {
                 .map_err(|_| format!("{d:?} in {s:?} is not a dimension; give numbers separated by commas"))
         })
         .collect::<Result<Vec<_>, _>>()
-        .map(crate::commands::keys::Shape)
+        .map(Shape)
 }

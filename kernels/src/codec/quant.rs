@@ -33,6 +33,7 @@ use crate::{Dtype, Error};
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod kernels;
+mod scalar;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Params {

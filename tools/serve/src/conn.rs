@@ -14,6 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::end::End;
 use crate::pace::{read_some, Pace};
 use crate::Shared;
 
@@ -27,17 +28,6 @@ pub(crate) type Conn = BufReader<TcpStream>;
 /// Unsent bytes, once the socket's buffer is full, from which a reply is finished with blocking
 /// sends. Smaller rests go through the event loop: handing a thread over costs more than they do.
 const BLOCKING_SEND_MIN: usize = 1 << 20;
-
-/// Why a connection ends.
-#[derive(Debug)]
-pub(crate) enum End {
-    /// The client closed it between requests, or the server is shutting down.
-    Done,
-    /// The client went away or stalled in the middle of a request.
-    Lost(String),
-    /// The client broke the protocol; the connection cannot go on.
-    Protocol(String),
-}
 
 /// Waits until the client has sent the first byte of its next request. `Err(End::Done)` when
 /// it closed the connection, went idle too long, or the server is shutting down.

@@ -23,6 +23,7 @@
 pub mod budget;
 pub mod cluster;
 mod conn;
+mod end;
 mod listen;
 pub mod lm;
 pub mod metrics;

@@ -8,7 +8,8 @@ use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::conn::{End, READ_BUFFER};
+use crate::conn::READ_BUFFER;
+use crate::end::End;
 use crate::metrics::Proto;
 use crate::{lm, resp, Shared};
 

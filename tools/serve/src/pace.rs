@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::conn::End;
+use crate::end::End;
 
 /// The limits a request is held to.
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,7 @@ use kvhoard_engine::buffer::{BufferPool, PooledBuf};
 use tokio::io::AsyncRead;
 
 use crate::budget::{Budget, Room};
-use crate::conn::End;
+use crate::end::End;
 use crate::pace::{read_some, Pace};
 
 /// Room is taken this far ahead of the bytes received: a client that stalls holds at most this

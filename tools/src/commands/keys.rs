@@ -9,6 +9,7 @@ use kvhoard_engine::format::{BlockDesc, Dtype, Layout};
 use kvhoard_engine::{CodecSpec, Durability, PutOptions, ReadOptions, StoreOptions};
 
 use super::{hex, open};
+use crate::flags::Shape;
 use crate::EXIT_NOT_FOUND;
 
 /// The options of `put`.
@@ -43,10 +44,6 @@ pub struct PutFlags {
     #[arg(long)]
     pub json: bool,
 }
-
-/// A block's shape from the command line.
-#[derive(Debug, Clone)]
-pub struct Shape(pub Vec<u64>);
 
 pub fn put(
     volume: &Path,

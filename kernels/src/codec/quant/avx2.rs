@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::kernels::{dequantize, minmax_one, quantize_scalar, ranges_scalar};
+use super::scalar::{dequantize, minmax_one, quantize_scalar, ranges_scalar};
 use crate::elem::avx2::{round_bf16_finite, store_u16x16};
 use crate::elem::f32_to_bf16_finite;
 use crate::Dtype;

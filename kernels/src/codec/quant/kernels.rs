@@ -1,29 +1,12 @@
-//! The row kernels of quantization, dispatched on a [`Level`]: the scalar reference here, the
-//! AVX2 versions in `avx2.rs`, which must write the same bytes.
+//! The row kernels of quantization, dispatched on a [`Level`]: the scalar reference (here and in
+//! `scalar.rs`), the AVX2 versions in `avx2.rs`, which must write the same bytes.
 
-use super::{inverse, pack as pack_scalar, quantize as quantize_one, range, store_decoded, unpack};
-use crate::elem::bf16_to_f32;
+use super::scalar::{dequantize, minmax_one, quantize_scalar, ranges_scalar};
+use super::{pack as pack_scalar, store_decoded, unpack};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::Kind;
 use crate::simd::Level;
 use crate::Dtype;
-
-/// Takes `x` into a group's range `[lo, hi]`: only finite values count, and a zero counts as +0
-/// (so that the minimum and maximum of a group are the same whatever order its values are seen
-/// in: the vector kernels reduce in another order than this loop).
-#[inline]
-pub(super) fn minmax_one(x: f32, lo: &mut f32, hi: &mut f32) {
-    // -0.0 + 0.0 is +0.0; every other value is unchanged.
-    let x = x + 0.0;
-    if x.is_finite() {
-        if x < *lo {
-            *lo = x;
-        }
-        if x > *hi {
-            *hi = x;
-        }
-    }
-}
 
 /// Widens the per-channel ranges `mins`, `maxs` with one row.
 pub(super) fn minmax(level: Level, row: &[f32], mins: &mut [f32], maxs: &mut [f32]) {
@@ -79,26 +62,6 @@ pub(super) fn ranges(
     ranges_scalar(mins, maxs, levels, lo_bytes, scale_bytes, lo, inv);
 }
 
-/// The scalar [`ranges`] (also the vector kernels' tail).
-pub(super) fn ranges_scalar(
-    mins: &[f32],
-    maxs: &[f32],
-    levels: f32,
-    lo_bytes: &mut [u8],
-    scale_bytes: &mut [u8],
-    lo: &mut [f32],
-    inv: &mut [f32],
-) {
-    let outs = lo_bytes.chunks_exact_mut(2).zip(scale_bytes.chunks_exact_mut(2)).zip(lo.iter_mut().zip(inv));
-    for ((&min, &max), ((lo_bytes, scale_bytes), (lo, inv))) in mins.iter().zip(maxs).zip(outs) {
-        let (lo_bits, scale_bits) = range(min, max, levels);
-        lo_bytes.copy_from_slice(&lo_bits.to_le_bytes());
-        scale_bytes.copy_from_slice(&scale_bits.to_le_bytes());
-        *lo = bf16_to_f32(lo_bits);
-        *inv = inverse(bf16_to_f32(scale_bits));
-    }
-}
-
 /// The code of every value of `row`, each with its own minimum and inverse scale.
 pub(super) fn quantize(level: Level, row: &[f32], lo: &[f32], inv: &[f32], levels: f32, codes: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
@@ -108,13 +71,6 @@ pub(super) fn quantize(level: Level, row: &[f32], lo: &[f32], inv: &[f32], level
     }
     let _ = level;
     quantize_scalar(row, lo, inv, levels, codes);
-}
-
-/// The scalar [`quantize`] (also the vector kernel's tail).
-pub(super) fn quantize_scalar(row: &[f32], lo: &[f32], inv: &[f32], levels: f32, codes: &mut [u8]) {
-    for (((code, &x), &lo), &inv) in codes.iter_mut().zip(row).zip(lo).zip(inv) {
-        *code = quantize_one(x, lo, inv, levels);
-    }
 }
 
 /// Writes `codes` into the zeroed bit stream from element `first` on.
@@ -133,20 +89,6 @@ pub(super) fn pack(level: Level, stream: &mut [u8], first: usize, bits: u32, cod
     }
     let _ = level;
     pack_scalar(stream, first, bits, codes);
-}
-
-/// The value of `code` in a group starting at `lo` with steps of `scale`. Parameters an encoder
-/// wrote never give NaN (minimum and scale are finite); damaged ones can, and a NaN decodes as
-/// `f32::NAN`, whatever NaN the arithmetic made (which one depends on the order of the operands,
-/// which the compiler may change).
-#[inline]
-pub(super) fn dequantize(code: u8, lo: f32, scale: f32) -> f32 {
-    let x = lo + code as f32 * scale;
-    if x.is_nan() {
-        f32::NAN
-    } else {
-        x
-    }
 }
 
 /// Decodes rows of a code stream.

@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use kvhoard_engine::PutOptions;
 
-use crate::conn::{self, Conn, End};
+use crate::conn::{self, Conn};
+use crate::end::End;
 use crate::metrics::{Op, Outcome, Proto};
 use crate::pace::Pace;
 use crate::payload;

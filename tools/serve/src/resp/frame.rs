@@ -5,7 +5,8 @@ use kvhoard_engine::buffer::PooledBuf;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead};
 
 use crate::budget::Room;
-use crate::conn::{self, End};
+use crate::conn;
+use crate::end::End;
 use crate::pace::Pace;
 use crate::payload::{self, Memory};
 

@@ -18,7 +18,8 @@ use std::time::Instant;
 use kvhoard_engine::PutOptions;
 
 use crate::cluster;
-use crate::conn::{self, Conn, End};
+use crate::conn::{self, Conn};
+use crate::end::End;
 use crate::metrics::{Op, Outcome, Proto};
 use crate::Shared;
 use frame::{Arg, Limits, Read, Refused};
