@@ -46,7 +46,7 @@ pub(crate) struct Parts {
     /// Each namespace's codec policy.
     pub(crate) policies: Policies,
     /// The background cleaner's controls (it runs when placement cleans).
-    pub(crate) cleaner: Arc<crate::reclaim::cleaner::CleanerControl>,
+    pub(crate) cleaner: Arc<crate::reclaim::control::CleanerControl>,
     /// What the store did.
     pub(crate) metrics: Metrics,
     /// How the store was opened.
@@ -63,26 +63,6 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
-    /// Before a write: when placement cleans and free segments run short, wakes the cleaner,
-    /// and when only one is left, cleans one right here (the writer waits for the cleaner
-    /// rather than have a segment reclaimed whole).
-    pub(crate) fn clean_if_short(&self) -> Result<()> {
-        if !self.placement.cleans() {
-            return Ok(());
-        }
-        let free = {
-            let state = self.log.lock();
-            state.segments.iter().filter(|s| s.state == crate::log::SegState::Free).count() as u32
-        };
-        if free < crate::reclaim::cleaner::free_target(self.log.sb.segment_count) {
-            self.cleaner.wake();
-        }
-        if free <= 1 {
-            crate::reclaim::clean::clean_one(self)?;
-        }
-        Ok(())
-    }
-
     /// Fails once the store is closed.
     pub(crate) fn ensure_open(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {

@@ -2,47 +2,15 @@
 //! out, so that puts rarely reclaim a segment whole, within an I/O budget so that gets and puts
 //! keep their latency. Runs only when placement cleans ([`crate::placement::Placement::cleans`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::clean::clean_one;
+use super::control::CleanerControl;
 use crate::error::Result;
 use crate::log::SegState;
 use crate::parts::Parts;
-
-/// How often the cleaner looks when nothing wakes it.
-const IDLE_WAIT: Duration = Duration::from_millis(100);
-
-/// The cleaner's controls, shared with the store.
-#[derive(Debug, Default)]
-pub(crate) struct CleanerControl {
-    stop: AtomicBool,
-    wake: Mutex<bool>,
-    woken: Condvar,
-}
-
-impl CleanerControl {
-    /// Asks the cleaner to look now (a put found few free segments).
-    pub(crate) fn wake(&self) {
-        *self.wake.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.woken.notify_one();
-    }
-
-    /// Asks the cleaner to stop after what it is doing.
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        self.wake();
-    }
-
-    fn wait(&self) {
-        let guard = self.wake.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut woken, _) =
-            self.woken.wait_timeout_while(guard, IDLE_WAIT, |w| !*w).unwrap_or_else(|e| e.into_inner());
-        *woken = false;
-    }
-}
 
 /// Free segments the cleaner keeps: a sixteenth of the volume, at least two.
 pub fn free_target(segments: u32) -> u32 {
@@ -52,7 +20,7 @@ pub fn free_target(segments: u32) -> u32 {
 /// Starts the cleaner. It holds the store's parts weakly: it ends when they go, or when stopped.
 pub(crate) fn spawn(parts: Weak<Parts>, control: Arc<CleanerControl>) -> Result<JoinHandle<()>> {
     crate::thread::spawn("kvhoard-cleaner", move || {
-        while !control.stop.load(Ordering::Acquire) {
+        while !control.stopping() {
             control.wait();
             let Some(parts) = parts.upgrade() else { return };
             run_while_short(&parts, &control);
@@ -64,7 +32,7 @@ pub(crate) fn spawn(parts: Weak<Parts>, control: Arc<CleanerControl>) -> Result<
 fn run_while_short(parts: &Parts, control: &CleanerControl) {
     let target = free_target(parts.log.sb.segment_count);
     let budget = parts.opts.clean_bytes_per_sec.max(1);
-    while !control.stop.load(Ordering::Acquire) {
+    while !control.stopping() {
         let free = {
             let state = parts.log.lock();
             if state.poisoned.is_some() || state.closed {
@@ -90,5 +58,27 @@ fn run_while_short(parts: &Parts, control: &CleanerControl) {
                 return;
             }
         }
+    }
+}
+
+impl Parts {
+    /// Before a write: when placement cleans and free segments run short, wakes the cleaner,
+    /// and when only one is left, cleans one right here (the writer waits for the cleaner
+    /// rather than have a segment reclaimed whole).
+    pub(crate) fn clean_if_short(&self) -> Result<()> {
+        if !self.placement.cleans() {
+            return Ok(());
+        }
+        let free = {
+            let state = self.log.lock();
+            state.segments.iter().filter(|s| s.state == SegState::Free).count() as u32
+        };
+        if free < free_target(self.log.sb.segment_count) {
+            self.cleaner.wake();
+        }
+        if free <= 1 {
+            clean_one(self)?;
+        }
+        Ok(())
     }
 }

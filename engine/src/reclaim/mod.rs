@@ -8,6 +8,7 @@
 
 pub(crate) mod clean;
 pub mod cleaner;
+pub(crate) mod control;
 pub(crate) mod pins;
 
 use std::sync::atomic::Ordering;
