@@ -1,21 +1,9 @@
 //! The `kvhoard` binary as a person and a script use it.
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn kvhoard(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvhoard")).args(args).stdin(Stdio::null()).output().unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = kvhoard(args);
-    assert!(out.status.success(), "kvhoard {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+mod common;
+use common::{kvhoard, ok, p};
 
 #[test]
 fn init_put_get_ls_stat_rm_round_trip() {

@@ -5,23 +5,11 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn kvhoard(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvhoard")).args(args).stdin(Stdio::null()).output().unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = kvhoard(args);
-    assert!(out.status.success(), "kvhoard {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+mod common;
+use common::{kvhoard, ok, p};
 
 /// A port free now (the kernel's choice, released at once).
 fn free_port() -> u16 {

@@ -3,23 +3,11 @@
 //! against the engine, charts.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn kvhoard(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvhoard")).args(args).stdin(Stdio::null()).output().unwrap()
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = kvhoard(args);
-    assert!(out.status.success(), "kvhoard {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
+mod common;
+use common::{kvhoard, ok, p};
 
 /// A generated trace of `requests` at 2 per second in `dir`.
 fn generate(dir: &Path, shape: &str, requests: u32, seed: u32) -> std::path::PathBuf {
@@ -173,6 +161,25 @@ fn malformed_traces_are_refused_with_their_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the trace"));
     let out = kvhoard(&["replay", "/dev/null", "--sim", "--policy", "lru:quant:bits=3"]);
     assert_eq!(out.status.code(), Some(1));
+    // Settings that describe no replay are refused, saying which.
+    let trace = dir.path().join("tiny.jsonl");
+    std::fs::write(&trace, TINY).unwrap();
+    for (flags, want) in [
+        (&["--scale", "0"][..], "--scale must be at least 1"),
+        (&["--requests", "0"][..], "--requests must be at least 1"),
+        (&["--ssd", "0"][..], "holds no"),
+        (&["--group-ttl", "1GB", "--ttl-window", "0"][..], "--ttl-window must be at least 1"),
+    ] {
+        let mut args = vec!["replay", p(&trace), "--sim"];
+        args.extend(flags);
+        let out = kvhoard(&args);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(want),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

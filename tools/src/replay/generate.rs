@@ -183,6 +183,9 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
     if !(args.rate.is_finite() && args.rate > 0.0) {
         bail!("--rate must be a positive number of requests per second");
     }
+    if args.documents == Some(0) {
+        bail!("--documents must be at least 1");
+    }
     if !(args.zipf.is_finite() && args.zipf >= 0.0) {
         bail!("--zipf must be 0 or more");
     }

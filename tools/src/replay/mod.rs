@@ -453,6 +453,12 @@ pub fn run(args: &ReplayArgs, store: StoreOptions) -> anyhow::Result<ExitCode> {
     if args.volume.is_none() && args.compare.is_none() && !args.sim {
         bail!("say where to replay: --sim, --volume DIR (the real engine) or --compare DIR (both)");
     }
+    if args.scale == 0 {
+        bail!("--scale must be at least 1 (1: blocks at the model's real size)");
+    }
+    if args.ttl_window == 0 {
+        bail!("--ttl-window must be at least 1 second");
+    }
     let calibrate = args.compare.as_deref().map(|dir| (dir, args.scale));
     let s = Setup::new(&args.trace, &args.serving, store, calibrate)?;
     let tiers = Tiers {
@@ -461,6 +467,14 @@ pub fn run(args: &ReplayArgs, store: StoreOptions) -> anyhow::Result<ExitCode> {
         ttl: ttl_spec(args),
         scale: args.scale,
     };
+    if tiers.ssd < s.raw_block {
+        bail!(
+            "an SSD tier of {} bytes holds no {}-byte block of {}; give --ssd or --ssd-fraction room for one",
+            tiers.ssd,
+            s.raw_block,
+            s.model.name
+        );
+    }
     let policies = args.policy.split(',').map(PolicySpec::parse).collect::<anyhow::Result<Vec<_>>>()?;
     if args.ttl_curve {
         let policy = policies.first().context("--policy names no policy")?;

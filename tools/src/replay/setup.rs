@@ -96,6 +96,9 @@ impl Setup {
     ) -> anyhow::Result<Setup> {
         let mut trace = Trace::read(trace)?;
         if let Some(n) = args.requests {
+            if n == 0 {
+                bail!("--requests must be at least 1");
+            }
             trace = trace.slice(n);
         }
         let mut model = Profile::named(&args.model)?;
