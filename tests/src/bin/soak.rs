@@ -99,8 +99,9 @@ struct Shared {
     generation: AtomicU64,
     restarting: AtomicBool,
     stop: AtomicBool,
-    lm: SocketAddr,
-    resp: SocketAddr,
+    /// Where the server listens now (lm://, RESP): it binds ports of its own choosing at every
+    /// start, so no other socket on the machine can hold them between restarts.
+    addrs: Mutex<(SocketAddr, SocketAddr)>,
     max_object: usize,
     problems: Mutex<Vec<String>>,
 }
@@ -285,12 +286,23 @@ fn client(shared: Arc<Shared>, id: usize) {
     let mut written = Vec::new();
     let mut seq = 0u64;
     let mut conn: Option<(TcpStream, BufReader<TcpStream>)> = None;
+    // The generation the connection was made in: a server started after it has cut it.
+    let mut connected_in = 0;
     while !shared.stop.load(Ordering::Relaxed) {
         let generation = shared.generation.load(Ordering::SeqCst);
         if conn.is_none() {
-            let addr = if resp { shared.resp } else { shared.lm };
+            if shared.restarting.load(Ordering::SeqCst) {
+                // Connect to the server that is starting, not the one going away.
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            let (lm, resp_addr) = *shared.addrs.lock().unwrap_or_else(|e| e.into_inner());
+            let addr = if resp { resp_addr } else { lm };
             match connect(addr).and_then(|s| Ok((s.try_clone()?, BufReader::new(s)))) {
-                Ok(c) => conn = Some(c),
+                Ok(c) => {
+                    conn = Some(c);
+                    connected_in = generation;
+                }
                 Err(_) => {
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
@@ -316,8 +328,8 @@ fn client(shared: Arc<Shared>, id: usize) {
             }
             Err(e) => {
                 conn = None;
-                let restarted =
-                    shared.restarting.load(Ordering::SeqCst) || shared.generation.load(Ordering::SeqCst) != generation;
+                let now = shared.generation.load(Ordering::SeqCst);
+                let restarted = shared.restarting.load(Ordering::SeqCst) || now != generation || now != connected_in;
                 if restarted || shared.stop.load(Ordering::Relaxed) {
                     shared.record(|s| s.disconnects += 1);
                 } else {
@@ -338,12 +350,23 @@ fn rss_of(pid: u32) -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-fn listening(addr: SocketAddr) -> bool {
-    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+/// The last lines of the server's log, for a failure message (the soak's directory is removed
+/// when it ends).
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(40);
+    lines.get(from..).unwrap_or_default().join("\n")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(0, |a| a.port())
+/// The addresses in the server's "serving ... on lm://A (...), resp://B (...)" line.
+fn served_addresses(log: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let line = log.lines().rev().find(|l| l.starts_with("kvhoard: serving "))?;
+    let after = |scheme: &str| -> Option<SocketAddr> {
+        let rest = &line[line.find(scheme)? + scheme.len()..];
+        rest.split([' ', ',']).next()?.parse().ok()
+    };
+    Some((after("lm://")?, after("resp://")?))
 }
 
 struct Server {
@@ -355,26 +378,39 @@ struct Server {
 }
 
 impl Server {
-    fn start(&mut self, lm: SocketAddr, resp: SocketAddr) {
+    /// Starts the server on ports it chooses and returns where it listens (lm://, RESP), or
+    /// ends the soak with the server's own words when it exits or does not come up.
+    fn start(&mut self) -> (SocketAddr, SocketAddr) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .unwrap_or_else(|e| die(&format!("cannot write {}: {e}", self.log.display())));
-        let child = Command::new(&self.kvhoard)
+        let written_before = log.metadata().map_or(0, |m| m.len()) as usize;
+        let mut child = Command::new(&self.kvhoard)
             .arg("serve")
             .arg(&self.volume)
-            .args(["--lm", &lm.to_string(), "--resp", &resp.to_string()])
+            .args(["--lm", "127.0.0.1:0", "--resp", "127.0.0.1:0"])
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| die(&format!("cannot run {}: {e}", self.kvhoard.display())));
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !(listening(lm) && listening(resp)) {
+        loop {
+            let text = std::fs::read(&self.log).unwrap_or_default();
+            let new = String::from_utf8_lossy(text.get(written_before..).unwrap_or_default()).into_owned();
+            if let Some(addrs) = served_addresses(&new) {
+                self.child = Some(child);
+                return addrs;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                die(&format!("the server exited ({status}) before serving; its log ends:\n{}", log_tail(&self.log)));
+            }
             if Instant::now() > deadline {
-                die(&format!("the server did not listen within 60 s; see {}", self.log.display()));
+                let _ = child.kill();
+                let _ = child.wait();
+                die(&format!("the server did not serve within 60 s; its log ends:\n{}", log_tail(&self.log)));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -489,8 +525,6 @@ fn main() {
     // What the server may hold: payloads in flight, the DRAM tier, the idle buffers the server
     // and the engine keep (a quarter of the budget; 256 MiB), and the process itself.
     let bound = inflight + dram + inflight / 4 + (256 << 20) + (128 << 20);
-    let lm: SocketAddr = ([127, 0, 0, 1], free_port()).into();
-    let resp: SocketAddr = ([127, 0, 0, 1], free_port()).into();
     let mut server = Server {
         kvhoard: args.kvhoard.clone(),
         volume,
@@ -505,15 +539,14 @@ fn main() {
         ],
         child: None,
     };
-    server.start(lm, resp);
+    let addrs = server.start();
     let shared = Arc::new(Shared {
         started: Instant::now(),
         seconds: Mutex::new(Vec::new()),
         generation: AtomicU64::new(0),
         restarting: AtomicBool::new(false),
         stop: AtomicBool::new(false),
-        lm,
-        resp,
+        addrs: Mutex::new(addrs),
         max_object: args.max_object,
         problems: Mutex::new(Vec::new()),
     });
@@ -543,7 +576,8 @@ fn main() {
                 if kill_next { "SIGKILL" } else { "SIGTERM" }
             );
             kill_next = !kill_next;
-            server.start(lm, resp);
+            let addrs = server.start();
+            *shared.addrs.lock().unwrap_or_else(|e| e.into_inner()) = addrs;
             shared.generation.fetch_add(1, Ordering::SeqCst);
             shared.restarting.store(false, Ordering::SeqCst);
             last_restart = Instant::now();
@@ -632,4 +666,18 @@ fn main() {
 
 fn write_or_die(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| die(&format!("cannot write {}: {e}", path.display())));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::served_addresses;
+
+    #[test]
+    fn the_served_addresses_are_read_from_the_servers_line() {
+        let log = "starting\nkvhoard: serving vol on lm://127.0.0.1:41000 (namespace lm), resp://127.0.0.1:41001 \
+                   (namespace resp); Ctrl-C to stop\n";
+        let (lm, resp) = served_addresses(log).expect("both addresses");
+        assert_eq!((lm.port(), resp.port()), (41000, 41001));
+        assert!(served_addresses("kvhoard: serving vol on lm://127.0.0.1:1 (namespace lm)").is_none());
+    }
 }
