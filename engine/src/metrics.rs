@@ -39,6 +39,10 @@ pub(crate) struct Metrics {
     pub relocated_records: AtomicU64,
     /// Bytes of those records: cleaning's writes, for write amplification.
     pub relocated_bytes: AtomicU64,
+    /// Blocks the cleaner wrote again in another codec's form.
+    pub recompressed_records: AtomicU64,
+    /// Bytes those records take less than the ones they replaced.
+    pub recompressed_saved_bytes: AtomicU64,
 }
 
 impl Metrics {

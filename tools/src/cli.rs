@@ -213,6 +213,8 @@ pub enum Command {
         /// Let other users use the mount too (needs user_allow_other for non-root).
         #[arg(long)]
         allow_other: bool,
+        #[command(flatten)]
+        placement: crate::flags::PlacementArgs,
     },
     /// Serve a volume to LMCache over the network, in the foreground.
     ///

@@ -45,3 +45,37 @@ pub fn parse_shape(s: &str) -> Result<Shape, String> {
         .collect::<Result<Vec<_>, _>>()
         .map(Shape)
 }
+
+/// `fifo`, `lru`, `planner` or `planner:alpha=SECS`.
+pub fn parse_placement(s: &str) -> Result<crate::replay::planning::PlacementChoice, String> {
+    crate::replay::planning::PlacementChoice::parse(s).map_err(|e| e.to_string())
+}
+
+/// How a served or mounted volume decides where its blocks live.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlacementArgs {
+    /// What happens as the volume fills. `fifo`: the oldest segment is reclaimed whole when the
+    /// volume is full. `lru`: a cleaner empties segments ahead of need and keeps the blocks read
+    /// since their write. `planner[:alpha=SECS]`: per context (a group, or one key), the planner
+    /// weighs quality against load delay and access frequency and keeps each context as put,
+    /// recompressed (lossless, quant 8/4/2 bits; lossy only where the namespace allows it), or
+    /// drops it, within 70 % of the volume; alpha is the seconds of delay a unit of quality is
+    /// worth per block (default 0.05). See docs/placement.md.
+    #[arg(long, default_value = "fifo", value_parser = parse_placement, value_name = "POLICY")]
+    pub placement: crate::replay::planning::PlacementChoice,
+    /// Read bandwidth of the volume's disk in GB/s, for the planner's load delays.
+    #[arg(long, default_value_t = crate::replay::planning::DEFAULT_SSD_GBPS, value_name = "GBPS")]
+    pub planner_ssd_gbps: f64,
+}
+
+impl PlacementArgs {
+    /// `opts` with this placement, and what to tell it once the volume is open.
+    pub fn apply(
+        &self,
+        opts: kvhoard_engine::StoreOptions,
+    ) -> anyhow::Result<(kvhoard_engine::StoreOptions, crate::replay::planning::Placed)> {
+        let placed = crate::replay::planning::Placed::build(self.placement, self.planner_ssd_gbps, opts.clock.clone())?;
+        let opts = kvhoard_engine::StoreOptions { placement: std::sync::Arc::clone(&placed.placement), ..opts };
+        Ok((opts, placed))
+    }
+}

@@ -46,9 +46,9 @@ fn main() -> ExitCode {
         Command::Ls { volume, ns, limit, after, long, json } => {
             commands::ls::run(&volume, &ns.namespace, limit, after.as_deref(), long, json, opts)
         }
-        Command::Mount { volume, mountpoint, threads, durability, dram_tier, allow_other } => {
+        Command::Mount { volume, mountpoint, threads, durability, dram_tier, allow_other, placement } => {
             let opts = kvhoard_engine::StoreOptions { dram_tier_bytes: dram_tier, ..opts };
-            commands::mount::run(&volume, &mountpoint, threads, durability, allow_other, opts)
+            commands::mount::run(&volume, &mountpoint, threads, durability, allow_other, &placement, opts)
         }
         Command::Serve { volume, args } => commands::serve::run(&volume, &args, opts),
         Command::Cluster { action } => commands::cluster::run(&action),

@@ -26,6 +26,11 @@ pub(crate) fn key_fp(namespace: &str, key: &str) -> KeyFp {
     fp(&[namespace.as_bytes(), &[0], key.as_bytes()])
 }
 
+/// Fingerprint of a group of a namespace (the blocks a client put with one group id).
+pub(crate) fn group_fp(namespace: &str, group: u64) -> KeyFp {
+    fp(&[namespace.as_bytes(), &[2], &group.to_le_bytes()])
+}
+
 /// Fingerprint of a block in a namespace. Namespaces never share a fingerprint, so they never
 /// share storage. Nor do blocks whose bytes are equal but whose descriptions or codecs differ
 /// ([`kvhoard_format::record::reading_of`]): a key's description is its own, so a put of bytes

@@ -21,7 +21,7 @@ use kvhoard_format::checkpoint as ckpt;
 
 use fingerprint::hash_of;
 pub use fingerprint::KeyId;
-pub(crate) use fingerprint::{bytes_prefix, content_fp, header_fp, key_fp, ContentFp, KeyFp};
+pub(crate) use fingerprint::{bytes_prefix, content_fp, group_fp, header_fp, key_fp, ContentFp, KeyFp};
 
 use crate::log::Loc;
 

@@ -53,8 +53,16 @@ mod tests {
     #[test]
     fn blocks_read_since_their_write_are_kept() {
         let lru = Lru::default();
-        let block =
-            |reads| LiveBlock { namespace: "n", raw_bytes: 1, record_bytes: 4096, group: None, reads, age_ms: 5 };
+        let block = |reads| LiveBlock {
+            namespace: "n",
+            raw_bytes: 1,
+            record_bytes: 4096,
+            group: None,
+            context: 0,
+            lossy: false,
+            reads,
+            age_ms: 5,
+        };
         assert_eq!(lru.keep(&block(0)), Keep::Drop);
         assert_eq!(lru.keep(&block(3)), Keep::Relocate);
         assert!(lru.cleans());

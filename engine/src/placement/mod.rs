@@ -7,7 +7,15 @@
 //! - when the volume is full: which sealed segment to reclaim ([`Placement::victim`]), and what
 //!   reclaim dropped ([`Placement::dropped`]), for a policy that keeps its own accounts;
 //! - when a cleaner empties a segment ahead of need ([`Placement::cleans`]): which of its live
-//!   blocks are kept, relocated to the head of the log ([`Placement::keep`]).
+//!   blocks are kept, relocated to the head of the log as they are or recompressed
+//!   ([`Placement::keep`]);
+//! - at every hit, for a policy that counts accesses ([`Placement::on_hit`]), and before a put
+//!   that names no codec, which codec it is stored with ([`Placement::codec_at_put`]).
+//!
+//! The unit decisions are made for is a **context** ([`context_of`]): the blocks a client names
+//! with one group id, or else one block (its key). The engine enforces the namespace's policy
+//! whatever placement says: a lossy codec where the namespace denies lossy codecs is not applied
+//! (the block is kept as it is), and a block stored lossy is never recoded to a lossless form.
 //!
 //! Decisions are made under the engine's locks (the log lock at put and reclaim), so they must be
 //! cheap and must not call back into the store. [`Fifo`], the default, is the behaviour kvhoard
@@ -18,13 +26,29 @@ mod cost_benefit;
 mod fifo;
 pub mod group_ttl;
 mod lru;
+mod planned;
 pub mod planner;
 
 pub use cost_benefit::cost_benefit;
 pub use fifo::Fifo;
 pub use lru::Lru;
+pub use planned::{Planned, PlannedConfig, PlannedStats};
 
-use crate::index::KeyId;
+use kvhoard_kernels::CodecSpec;
+
+use crate::index::{group_fp, key_fp, KeyId};
+
+/// The context a block belongs to: its group in its namespace when the client named one, else
+/// the block alone (its key). 64 bits of a fingerprint of either.
+pub fn context_of(group: Option<u64>, namespace: &str, key: &str) -> u64 {
+    let fp = match group {
+        Some(g) => group_fp(namespace, g),
+        None => key_fp(namespace, key),
+    };
+    let mut first = [0u8; 8];
+    first.copy_from_slice(fp.get(..8).unwrap_or(&[0; 8]));
+    u64::from_le_bytes(first)
+}
 
 /// A block placement is asked about.
 #[derive(Debug, Clone, Copy)]
@@ -35,8 +59,14 @@ pub struct BlockInfo<'a> {
     pub raw_bytes: u64,
     /// Bytes its record takes on the log (header, stored bytes, padding).
     pub record_bytes: u64,
-    /// Its group (context), when the client named one.
+    /// Its group, when the client named one.
     pub group: Option<u64>,
+    /// Its context ([`context_of`]).
+    pub context: u64,
+    /// At a put: its key named no block before (the put adds a block to its context).
+    pub new_key: bool,
+    /// Whether its namespace allows lossy codecs.
+    pub lossy: bool,
 }
 
 /// A sealed segment as placement sees it.
@@ -63,8 +93,12 @@ pub struct LiveBlock<'a> {
     pub raw_bytes: u64,
     /// Bytes its record takes on the log.
     pub record_bytes: u64,
-    /// Its group (context), when the client named one.
+    /// Its group, when the client named one.
     pub group: Option<u64>,
+    /// Its context ([`context_of`]).
+    pub context: u64,
+    /// Whether its namespace allows lossy codecs.
+    pub lossy: bool,
     /// Reads since its record was last written (saturating at 255).
     pub reads: u8,
     /// Milliseconds since its record was last written.
@@ -72,12 +106,15 @@ pub struct LiveBlock<'a> {
 }
 
 /// What a cleaner does with a live block of the segment it empties.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Keep {
     /// Let it go with the segment (a miss from then on).
     Drop,
     /// Write it again at the head of the log.
     Relocate,
+    /// Write it again with this codec (as [`crate::Store::recompress`] would; kept as it is when
+    /// the namespace's policy or the block's form does not allow it).
+    Recompress(CodecSpec),
 }
 
 /// Where a put block goes.
@@ -115,5 +152,17 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     fn keep(&self, block: &LiveBlock<'_>) -> Keep {
         let _ = block;
         Keep::Drop
+    }
+
+    /// A get found the block (in the DRAM tier or on the log).
+    fn on_hit(&self, block: &BlockInfo<'_>) {
+        let _ = block;
+    }
+
+    /// A put that names no codec and brings no compressed bytes: the codec to store the block
+    /// with (`None`: the namespace's default). Asked once per batch, for its first block.
+    fn codec_at_put(&self, block: &BlockInfo<'_>) -> Option<CodecSpec> {
+        let _ = block;
+        None
     }
 }

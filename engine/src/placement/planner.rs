@@ -153,7 +153,8 @@ impl Planner {
         let mut best: Option<(usize, f64)> = None;
         for k in 0..self.config.options.len() {
             let freed = b0 - self.bytes(c, k);
-            if freed <= 0.0 {
+            // An option the context may not take (its quality is -inf) is never a step.
+            if freed <= 0.0 || !self.utility(c, k).is_finite() {
                 continue;
             }
             // Loss per byte at unit frequency, times the blocks it is summed over.
@@ -197,19 +198,7 @@ impl Planner {
         let admit = c.option == dropped || before.is_none();
         c.version += 1;
         if admit {
-            // Admission: the option worth most at the current price of a byte (the utility lost
-            // per byte by the last step placement took), so that what the next rebalance would
-            // compress or drop is not written raw first.
-            let option = match (self.ln_price, self.contexts.get(&context)) {
-                (Some(ln_price), Some(c)) => {
-                    let price = (ln_price - c.ln_freq).exp();
-                    (0..dropped)
-                        .map(|k| (k, self.utility(c, k) * c.blocks as f64 - price * self.bytes(c, k)))
-                        .fold((0, f64::NEG_INFINITY), |best, x| if x.1 > best.1 { x } else { best })
-                        .0
-                }
-                _ => 0,
-            };
+            let option = self.contexts.get(&context).map_or(0, |c| self.admission(c));
             if let Some(c) = self.contexts.get_mut(&context) {
                 c.option = option;
             }
@@ -218,6 +207,86 @@ impl Planner {
         let after = (c.blocks * c.raw_bytes) as f64 * self.config.options.get(c.option).map_or(0.0, |o| o.ratio);
         self.stored_bytes += after - before.map_or(0.0, |b| b.0);
         self.push(context);
+    }
+
+    /// Admission: the option worth most for `c` at the current price of a byte (the utility
+    /// lost per byte by the last step placement took), so that what the next rebalance would
+    /// compress or drop is not written raw first. The first option before any step was taken.
+    fn admission(&self, c: &Context) -> usize {
+        let Some(ln_price) = self.ln_price else { return 0 };
+        let dropped = self.config.options.len().saturating_sub(1);
+        let price = (ln_price - c.ln_freq).exp();
+        (0..dropped)
+            .map(|k| (k, self.utility(c, k) * c.blocks as f64 - price * self.bytes(c, k)))
+            .filter(|(_, worth)| worth.is_finite())
+            .fold((0, f64::NEG_INFINITY), |best, x| if x.1 > best.1 { x } else { best })
+            .0
+    }
+
+    /// The option a put of `blocks` blocks of `raw_bytes` to `context` at `now_ms` would be
+    /// stored with: the context's own, or, for a new or dropped one, the one admission gives it
+    /// (as [`Planner::touch`] would). Changes nothing.
+    pub fn option_for_put(&self, context: u64, now_ms: u64, blocks: u64, raw_bytes: u64, quality: &[f64]) -> usize {
+        let dropped = self.config.options.len().saturating_sub(1);
+        if let Some(c) = self.contexts.get(&context).filter(|c| c.option != dropped) {
+            return c.option;
+        }
+        let ln_now = now_ms as f64 / self.config.half_life_ms.max(1) as f64 * std::f64::consts::LN_2;
+        let c = Context { blocks, raw_bytes, ln_freq: ln_now, quality: quality.to_vec(), option: 0, version: 0 };
+        self.admission(&c)
+    }
+
+    /// Blocks `context` holds, as last told (0 for one never seen).
+    pub fn blocks_of(&self, context: u64) -> u64 {
+        self.contexts.get(&context).map_or(0, |c| c.blocks)
+    }
+
+    /// `context` now holds `blocks` blocks (more were put in the same access): its bytes change,
+    /// its access count does not. Nothing for a context never touched.
+    pub fn resize(&mut self, context: u64, blocks: u64) {
+        let Some(c) = self.contexts.get(&context) else { return };
+        let before = self.bytes(c, c.option);
+        let Some(c) = self.contexts.get_mut(&context) else { return };
+        c.blocks = blocks;
+        c.version += 1;
+        let Some(c) = self.contexts.get(&context) else { return };
+        self.stored_bytes += self.bytes(c, c.option) - before;
+        self.push(context);
+    }
+
+    /// Whether the kept bytes exceed the budget (a rebalance would change something).
+    pub fn over_budget(&self) -> bool {
+        self.stored_bytes > self.config.budget_bytes as f64
+    }
+
+    /// Sets `context`'s quality per option (a new profile, or one corrected by what a client
+    /// observed): its steps are scored again; its access count is unchanged. Nothing for a
+    /// context never touched.
+    pub fn set_quality(&mut self, context: u64, quality: &[f64]) {
+        let Some(c) = self.contexts.get_mut(&context) else { return };
+        c.quality = quality.to_vec();
+        c.version += 1;
+        self.push(context);
+    }
+
+    /// The quality the planner assumes `context`'s current option keeps (1 when dropped or
+    /// unknown: recomputing loses nothing).
+    pub fn quality_of(&self, context: u64) -> f64 {
+        let dropped = self.config.options.len().saturating_sub(1);
+        match self.contexts.get(&context) {
+            Some(c) if c.option != dropped => c.quality.get(c.option).copied().unwrap_or(1.0),
+            _ => 1.0,
+        }
+    }
+
+    /// Sets the bytes the kept blocks may take (the next rebalance fits them).
+    pub fn set_budget(&mut self, budget_bytes: u64) {
+        self.config.budget_bytes = budget_bytes;
+    }
+
+    /// What the planner weighs.
+    pub fn config(&self) -> &PlannerConfig {
+        &self.config
     }
 
     /// `context`'s blocks are gone (expired, evicted): forget it.

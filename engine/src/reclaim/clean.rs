@@ -1,27 +1,37 @@
 //! Cleaning one segment: the live blocks placement keeps are written again at the head of the
-//! log, then the segment is freed like a reclaimed one (what was not kept is dropped).
+//! log, as they are or recompressed as placement says, then the segment is freed like a
+//! reclaimed one (what was not kept is dropped).
 //!
 //! Crash rules. A relocated record is the same block under the same key, so until the segment is
 //! freed either copy serves; the relocations are synced before the segment is freed, so a crash
 //! never loses a kept block, and freeing is reclaim's (drops leave the index first, a checkpoint
 //! covers a victim that is not the oldest, the header is zeroed and synced), so a drop never comes
 //! back. Each relocation is written only if its key still names the same block when it is
-//! reserved: a key written or deleted meanwhile keeps its newer state.
+//! reserved: a key written or deleted meanwhile keeps its newer state. A recompressed block is the
+//! same block (same name, description, group, TTL) in another form, written under the same
+//! condition; only a block that one key names is recompressed (the others that name it would
+//! lose it with the segment), and one the namespace's policy or its form does not allow to be
+//! recoded (`store/recode.rs`) is relocated as it is.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
+use kvhoard_kernels::CodecSpec;
 
 use super::{choose_victim, free_victim, sealed_views};
+use crate::block::{Block, BlockMeta, Bytes};
+use crate::buffer::PooledBuf;
 use crate::error::{Result, StoreError};
 use crate::index::{header_fp, is_expired, key_fp, remaining_ttl, ContentFp, KeyFp};
 use crate::log::scan::{check_payload, read_summary};
 use crate::log::{Loc, Pos, SegState};
 use crate::parts::Parts;
-use crate::placement::{Keep, LiveBlock};
+use crate::placement::{context_of, Keep, LiveBlock};
 use crate::store::append::{Prepared, SOURCE_CHANGED};
+use crate::store::recode::Recoded;
 
 /// What cleaning a segment did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,6 +42,10 @@ pub(crate) struct Cleaned {
     pub relocated: u64,
     /// Bytes those records took.
     pub relocated_bytes: u64,
+    /// Of the blocks, those written in another codec's form.
+    pub recompressed: u64,
+    /// Bytes the recompressed records take less than before.
+    pub recompressed_saved_bytes: u64,
 }
 
 /// One live record to write again.
@@ -45,6 +59,8 @@ struct Relocation {
     /// The header of the record in the victim this one is made from (the block record for a
     /// block, the key's own record for a link).
     header: RecordHeader,
+    /// The codec placement asked the block to be written with (`None`: as it is).
+    recode: Option<CodecSpec>,
 }
 
 /// Clears the segment's cleaning mark however cleaning ends.
@@ -84,10 +100,14 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     let mut cleaned = Cleaned { segment: victim, ..Cleaned::default() };
     let mut last_end = Pos::default();
     for r in plan {
-        let Some((item_end, bytes)) = relocate(parts, victim, &r)? else { continue };
-        last_end = last_end.max(item_end);
+        let Some(written) = relocate(parts, victim, &r)? else { continue };
+        last_end = last_end.max(written.end);
         cleaned.relocated += 1;
-        cleaned.relocated_bytes += bytes;
+        cleaned.relocated_bytes += written.bytes;
+        if let Some(before) = written.recompressed_from {
+            cleaned.recompressed += 1;
+            cleaned.recompressed_saved_bytes += before.saturating_sub(written.bytes);
+        }
     }
     if cleaned.relocated > 0 {
         parts.log.sync_to(last_end)?;
@@ -104,10 +124,13 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     parts.metrics.segments_cleaned.fetch_add(1, Ordering::Relaxed);
     parts.metrics.relocated_records.fetch_add(cleaned.relocated, Ordering::Relaxed);
     parts.metrics.relocated_bytes.fetch_add(cleaned.relocated_bytes, Ordering::Relaxed);
+    parts.metrics.recompressed_records.fetch_add(cleaned.recompressed, Ordering::Relaxed);
+    parts.metrics.recompressed_saved_bytes.fetch_add(cleaned.recompressed_saved_bytes, Ordering::Relaxed);
     tracing::debug!(
         segment = victim,
         relocated = cleaned.relocated,
         bytes = cleaned.relocated_bytes,
+        recompressed = cleaned.recompressed,
         "segment cleaned"
     );
     Ok(Some(cleaned))
@@ -133,12 +156,15 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     // Blocks here whose writing key no longer names them, but other keys (links elsewhere) do.
     let mut orphans: HashMap<u32, (Loc, RecordHeader)> = HashMap::new();
     let mut kept_slots = Vec::new();
-    fn info(h: &RecordHeader, raw: u32, units: u32, reads: u8, now_ms: u64) -> LiveBlock<'_> {
+    let lossy = |namespace: &str| parts.policies.get(namespace).lossy;
+    fn info(h: &RecordHeader, raw: u32, units: u32, reads: u8, now_ms: u64, lossy: bool) -> LiveBlock<'_> {
         LiveBlock {
             namespace: &h.namespace,
             raw_bytes: u64::from(raw),
             record_bytes: u64::from(units) * UNIT_BYTES,
             group: h.group_id,
+            context: context_of(h.group_id, &h.namespace, &h.key),
+            lossy,
             reads,
             age_ms: now_ms.saturating_sub(h.created_unix_ms),
         }
@@ -162,9 +188,20 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             continue;
         };
         let Some(c) = index.content(k.content).copied() else { continue };
-        if parts.placement.keep(&info(h, c.raw_len, c.units, index.heat(k.content), now_ms)) != Keep::Relocate {
-            continue;
-        }
+        let recode = match parts.placement.keep(&info(
+            h,
+            c.raw_len,
+            c.units,
+            index.heat(k.content),
+            now_ms,
+            lossy(&h.namespace),
+        )) {
+            Keep::Drop => continue,
+            Keep::Relocate => None,
+            // Other keys name this block too: a new form under this key would leave them none.
+            Keep::Recompress(_) if c.refs > 1 => None,
+            Keep::Recompress(spec) => Some(spec),
+        };
         let r = |block_at| Relocation {
             namespace: h.namespace.clone(),
             key: h.key.clone(),
@@ -172,6 +209,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             content: c.fp,
             block_at,
             header: h.clone(),
+            recode,
         };
         if c.record == loc {
             kept_slots.push(k.content);
@@ -185,7 +223,8 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
         let c = index.content(*slot).copied();
         !kept_slots.contains(slot)
             && c.is_some_and(|c| {
-                parts.placement.keep(&info(h, c.raw_len, c.units, index.heat(*slot), now_ms)) == Keep::Relocate
+                let block = info(h, c.raw_len, c.units, index.heat(*slot), now_ms, lossy(&h.namespace));
+                parts.placement.keep(&block) != Keep::Drop
             })
     });
     if !orphans.is_empty() {
@@ -205,6 +244,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
                 content: header_fp(&block_header),
                 block_at: Some(loc),
                 header: block_header,
+                recode: None,
             });
         }
     }
@@ -212,9 +252,18 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     Ok(blocks)
 }
 
-/// Writes one relocation, if its key still names the same block; returns where it ends and the
-/// bytes it took.
-fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<(Pos, u64)>> {
+/// What writing one relocation did.
+struct Written {
+    /// Where its record ends.
+    end: Pos,
+    /// Bytes its record takes.
+    bytes: u64,
+    /// For a block recompressed, the bytes its record took before.
+    recompressed_from: Option<u64>,
+}
+
+/// Writes one relocation, if its key still names the same block.
+fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written>> {
     let now = parts.clock.now_unix_ms();
     let mut header = r.header.clone();
     header.namespace = r.namespace.clone();
@@ -222,22 +271,38 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<(Pos, u
     header.ttl_secs = remaining_ttl(r.header.created_unix_ms, r.header.ttl_secs, now);
     header.created_unix_ms = now;
     header.segment_seq = 0;
+    let recoded;
     let stored;
+    let buf;
+    let mut recompressed_from = None;
     let mut item = match r.block_at {
         Some(loc) => {
             let units = (r.header.record_bytes() / UNIT_BYTES) as usize;
-            let mut buf = parts.pool.get(units * UNIT_BYTES as usize);
+            let mut read = parts.pool.get(units * UNIT_BYTES as usize);
             let offset = parts.log.sb.segment_offset(victim) + u64::from(loc.unit) * UNIT_BYTES;
-            parts.log.dev.read_at(&mut buf, offset)?;
-            let on_disk = RecordHeader::decode(&buf);
-            if !on_disk.as_ref().is_ok_and(|h| header_fp(h) == r.content) || check_payload(&r.header, &buf).is_err() {
+            parts.log.dev.read_at(&mut read, offset)?;
+            let on_disk = RecordHeader::decode(&read);
+            if !on_disk.as_ref().is_ok_and(|h| header_fp(h) == r.content) || check_payload(&r.header, &read).is_err() {
                 tracing::warn!(segment = victim, unit = loc.unit, "a block to relocate is damaged; dropping it");
                 return Ok(None);
             }
-            header.kind = RecordKind::Block;
             let start = r.header.payload_offset() as usize;
-            stored = buf.get(start..start + r.header.stored_len as usize).unwrap_or_default().to_vec();
-            Prepared::replacing(header, &stored, &parts.pool, r.kfp, r.content)
+            let len = r.header.stored_len as usize;
+            buf = Arc::new(read);
+            let frame =
+                || Block::new(Bytes::Shared(Arc::clone(&buf)), start, len, BlockMeta::of(r.header.clone(), loc));
+            recoded = r.recode.and_then(|spec| recoded_form(parts, r, frame(), spec));
+            match &recoded {
+                Some((new_header, stored)) => {
+                    recompressed_from = Some(r.header.record_bytes());
+                    Prepared::replacing(new_header.clone(), stored, &parts.pool, r.kfp, r.content)
+                }
+                None => {
+                    header.kind = RecordKind::Block;
+                    stored = buf.get(start..start + len).unwrap_or_default();
+                    Prepared::replacing(header, stored, &parts.pool, r.kfp, r.content)
+                }
+            }
         }
         None => {
             header.kind = RecordKind::Link;
@@ -247,9 +312,23 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<(Pos, u
         }
     };
     match parts.append_written(std::slice::from_mut(&mut item)) {
-        Ok(Some(end)) => Ok(Some((end, item.header.record_bytes()))),
+        Ok(Some(end)) => Ok(Some(Written { end, bytes: item.header.record_bytes(), recompressed_from })),
         Ok(None) => Ok(None),
         Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// The relocated block `frame` in `spec`'s form, or `None` to relocate it as it is (already in
+/// that form, or one its namespace's policy or its own form does not allow; said at debug
+/// level: placement asking for what the engine will not do is not a fault).
+fn recoded_form(parts: &Parts, r: &Relocation, frame: Block, spec: CodecSpec) -> Option<(RecordHeader, PooledBuf)> {
+    match parts.recode(&r.namespace, &r.key, frame, spec) {
+        Ok(Recoded::New { header, stored }) => Some((*header, stored)),
+        Ok(Recoded::Same | Recoded::Gone) => None,
+        Err(e) => {
+            tracing::debug!(key = %r.key, codec = %spec, reason = %e, "kept as it is instead of recompressed");
+            None
+        }
     }
 }

@@ -21,7 +21,7 @@ use crate::error::{Result, StoreError};
 use crate::index::{header_fp, key_fp, ContentEntry, ContentFp, KeyFp};
 use crate::log::{Loc, LogState, Pos};
 use crate::parts::Parts;
-use crate::placement::BlockInfo;
+use crate::placement::{context_of, BlockInfo};
 use crate::recovery::expiry;
 
 /// Why a rename's link could not be reserved.
@@ -256,7 +256,10 @@ impl Parts {
         let buf = Arc::new(buf);
         if item.header.kind == RecordKind::Block {
             self.log.add_pending(loc, Arc::clone(&buf));
-            self.place_in_tiers(&buf, &item.header, item.content, loc);
+            // A block written again (relocated, recompressed) is not a put placement counts.
+            let fresh = item.condition.is_none();
+            let new_key = fresh && self.index_read().key(&item.key).is_none();
+            self.place_in_tiers(&buf, &item.header, item.content, loc, fresh, new_key);
         }
         if let Err(e) = self.apply(&item.header, item.key, item.content, loc, units) {
             self.log.drop_pending(&loc);
@@ -268,18 +271,31 @@ impl Parts {
         Ok(WriteJob { buf, loc, seq, key: item.key })
     }
 
-    /// Asks placement whether a put block goes to the DRAM tier, and puts it there if so.
-    fn place_in_tiers(&self, buf: &Arc<PooledBuf>, header: &RecordHeader, content: ContentFp, loc: Loc) {
-        if self.tiers.dram.is_none() {
-            return;
-        }
+    /// Tells placement of a put block (`fresh`: not one written again), and puts it in the DRAM
+    /// tier if placement says so (a block written again goes there as it was).
+    fn place_in_tiers(
+        &self,
+        buf: &Arc<PooledBuf>,
+        header: &RecordHeader,
+        content: ContentFp,
+        loc: Loc,
+        fresh: bool,
+        new_key: bool,
+    ) {
         let info = BlockInfo {
             namespace: &header.namespace,
             raw_bytes: header.raw_len,
             record_bytes: buf.len() as u64,
             group: header.group_id,
+            context: context_of(header.group_id, &header.namespace, &header.key),
+            new_key,
+            lossy: self.policies.get(&header.namespace).lossy,
         };
-        if self.placement.on_put(&info).dram {
+        let dram = !fresh || self.placement.on_put(&info).dram;
+        if self.tiers.dram.is_none() {
+            return;
+        }
+        if dram {
             self.tiers.admit(buf, header, content, loc);
         } else {
             self.tiers.turned_away();

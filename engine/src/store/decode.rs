@@ -10,10 +10,10 @@ use kvhoard_format::record::{validate_key, validate_namespace};
 use kvhoard_kernels::{CodecSpec, Positions};
 
 use super::append::{Prepared, SOURCE_CHANGED};
-use super::put::replacement;
+use super::recode::Recoded;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
-use crate::codec::{spec_of, Codecs, Skipped};
+use crate::codec::{spec_of, Codecs};
 use crate::error::{Result, StoreError};
 use crate::index::key_fp;
 use crate::options::{Durability, ReadOptions};
@@ -21,7 +21,7 @@ use crate::parts::Parts;
 
 /// Whether a read may return a block whose tokens were dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Dropped {
+pub(crate) enum Dropped {
     /// Refuse it ([`StoreError::TokensDropped`]).
     Refuse,
     /// Return it with its kept positions.
@@ -46,82 +46,36 @@ impl Store {
         let parts = &self.parts;
         let kfp = key_fp(namespace, key);
         let lookup = || parts.live_content(&kfp);
-        match lookup() {
-            // verify_hash checks the stored bytes of a raw block; a compressed one's name is that
-            // of its decoded bytes, checked when it is decoded.
-            Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry)),
-            None => Ok(None),
+        let Some(entry) = lookup() else { return Ok(None) };
+        // verify_hash checks the stored bytes of a raw block; a compressed one's name is that of
+        // its decoded bytes, checked when it is decoded.
+        let frame = parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry))?;
+        if let Some(frame) = &frame {
+            parts.hit(namespace, key, &frame.meta);
         }
+        Ok(frame)
     }
 
-    /// Rewrites the live block under `key` with `codec`: from its bytes when its codec is
-    /// lossless, or from its decoded form (quant8 → quant4 starts from the decoded 8-bit block).
-    /// A reader sees the old form or the new one, whole; the old record becomes dead space. The
-    /// block keeps its name (the blake3 of its original bytes), description, group and TTL.
+    /// Rewrites the live block under `key` with `codec` (what may be recoded, and how: `recode.rs`).
+    /// A reader sees the old form or the new one, whole; the old record becomes dead space.
     /// Returns `false` when the key is missing, or was overwritten or deleted meanwhile (the
-    /// newer block is left alone). Refuses what the namespace's policy denies, a codec that
-    /// cannot take the block, going from a lossy form back to a lossless one or raw bytes (the
-    /// original is no longer held, so they would not decode to the bytes the block is named for), and
-    /// blocks whose tokens were dropped.
+    /// newer block is left alone).
     pub fn recompress(&self, namespace: &str, key: &str, codec: CodecSpec, durability: Durability) -> Result<bool> {
         let parts = &self.parts;
-        let target = parts.policies.get(namespace).codec_for(namespace, Some(codec))?;
-        let Some(frame) = self.get_frame(namespace, key, ReadOptions::default())? else { return Ok(false) };
-        let meta = frame.meta.clone();
-        let current = spec_of(&meta.desc, meta.raw_len, &meta.compression).ok_or_else(|| StoreError::Codec {
-            key: key.into(),
-            reason: "its codec is unknown to this build".into(),
-        })?;
-        if current.drops_tokens() {
-            return Err(StoreError::invalid(
-                "recompress",
-                format!("{key:?} was stored with tokens dropped; it cannot be recompressed"),
-            ));
-        }
-        if current.is_lossy() && !target.is_some_and(|t| t.is_lossy()) {
-            // A lossless form must decode to the bytes the block is named for, and those are gone.
-            return Err(StoreError::invalid(
-                "recompress",
-                format!("{key:?} is stored lossy ({current}); its original bytes are gone, so it cannot be stored losslessly again"),
-            ));
-        }
-        if target == Some(current) || (target.is_none() && meta.compression.is_none()) {
-            return Ok(true);
-        }
+        parts.policies.get(namespace).codec_for(namespace, Some(codec))?;
+        let kfp = key_fp(namespace, key);
         let content_before = {
             let index = parts.index_read();
-            let kfp = key_fp(namespace, key);
             index.key(&kfp).and_then(|k| index.content(k.content)).map(|c| c.fp)
         };
-        let Some((decoded, _)) = parts.decoded(key, frame, ReadOptions::default(), Dropped::Refuse)? else {
-            return Ok(false);
-        };
-        let mut header = replacement(namespace, key, &meta, parts.clock.now_unix_ms());
-        let stored = match target {
-            None => None,
-            Some(spec) => match parts.codecs.compress(spec, &meta.desc, &decoded, &parts.pool) {
-                Ok(c) => {
-                    header.compression = c.meta;
-                    Some(c.payload)
-                }
-                Err(Skipped::NoGain) => None,
-                Err(Skipped::NotApplicable(why)) => {
-                    return Err(StoreError::invalid("recompress", format!("{spec} cannot take {key:?}: {why}")))
-                }
-            },
-        };
-        if stored.is_none() && current.is_lossy() {
-            return Err(StoreError::invalid(
-                "recompress",
-                format!("{key:?} would have to be stored raw from a lossy form"),
-            ));
-        }
-        let bytes: &[u8] = stored.as_deref().unwrap_or(&decoded);
-        header.stored_len = bytes.len() as u64;
-        header.payload_crc = crc32c::crc32c(bytes);
-        header.validate()?;
         let Some(before) = content_before else { return Ok(false) };
-        let item = Prepared::replacing(header, bytes, &parts.pool, key_fp(namespace, key), before);
+        let Some(frame) = self.get_frame(namespace, key, ReadOptions::default())? else { return Ok(false) };
+        let (header, stored) = match parts.recode(namespace, key, frame, codec)? {
+            Recoded::Same => return Ok(true),
+            Recoded::Gone => return Ok(false),
+            Recoded::New { header, stored } => (header, stored),
+        };
+        let item = Prepared::replacing(*header, &stored, &parts.pool, kfp, before);
         match self.append_all(&mut [item], durability) {
             Ok(end) => {
                 if durability == Durability::Synced {

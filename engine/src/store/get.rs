@@ -22,7 +22,7 @@ use crate::index::{bytes_prefix, content_fp, header_fp, is_expired, key_fp, Cont
 use crate::log::scan::check_payload;
 use crate::options::ReadOptions;
 use crate::parts::Parts;
-use crate::placement::BlockInfo;
+use crate::placement::{context_of, BlockInfo};
 use crate::tier::DramRead;
 
 /// Blocks at least this large are read by `get_into` straight into an aligned caller buffer.
@@ -66,7 +66,10 @@ impl Store {
             None => None,
         };
         let block = match frame {
-            Some(frame) => parts.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b),
+            Some(frame) => {
+                parts.hit(namespace, key, &frame.meta);
+                parts.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b)
+            }
             None => None,
         };
         parts.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
@@ -90,6 +93,7 @@ impl Store {
             // Decoding is work for a thread that may take its time: get() does it.
             Some(block) if !block.meta.compression.is_none() => Ok(Resident::OnDevice),
             Some(block) => {
+                parts.hit(namespace, key, &block.meta);
                 parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
                 parts.metrics.count_get(Some(block.len() as u64));
                 Ok(Resident::Block(block))
@@ -156,6 +160,7 @@ impl Store {
         let parts = &self.parts;
         if let Some(entry) = parts.live_content(&key_fp(namespace, key)) {
             if let Direct::Read(meta, len) = parts.read_direct(&entry, buf, opts)? {
+                parts.hit(namespace, key, &meta);
                 parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
                 parts.metrics.direct_reads.fetch_add(1, Ordering::Relaxed);
                 parts.metrics.count_get(Some(len as u64));
@@ -252,6 +257,19 @@ impl Store {
 }
 
 impl Parts {
+    /// Tells placement a get found `key`'s block.
+    pub(super) fn hit(&self, namespace: &str, key: &str, meta: &BlockMeta) {
+        self.placement.on_hit(&BlockInfo {
+            namespace,
+            raw_bytes: meta.raw_len,
+            record_bytes: meta.stored_len,
+            group: meta.group_id,
+            context: context_of(meta.group_id, namespace, key),
+            new_key: false,
+            lossy: self.policies.get(namespace).lossy,
+        });
+    }
+
     /// The block a live (stored, not expired) key names.
     pub(super) fn live_content(&self, kfp: &KeyFp) -> Option<ContentEntry> {
         let index = self.index_read();
@@ -418,6 +436,9 @@ impl Parts {
             raw_bytes: header.raw_len,
             record_bytes: buf.len() as u64,
             group: header.group_id,
+            context: context_of(header.group_id, &header.namespace, &header.key),
+            new_key: false,
+            lossy: self.policies.get(&header.namespace).lossy,
         };
         if self.placement.on_load(&info) {
             self.tiers.admit(buf, header, entry.fp, entry.record);

@@ -16,6 +16,7 @@ mod list;
 mod pin;
 mod prometheus;
 mod put;
+pub(crate) mod recode;
 mod stats;
 mod submit;
 

@@ -74,6 +74,16 @@ impl Stats {
             ("segments_cleaned_total", "Segments the cleaner emptied ahead of need.", self.segments_cleaned),
             ("relocated_records_total", "Records the cleaner wrote again.", self.relocated_records),
             ("relocated_bytes_total", "Bytes the cleaner wrote.", self.relocated_bytes),
+            (
+                "recompressed_records_total",
+                "Blocks the cleaner wrote in another codec's form.",
+                self.recompressed_records,
+            ),
+            (
+                "recompressed_saved_bytes_total",
+                "Bytes recompressed records take less than the ones they replaced.",
+                self.recompressed_saved_bytes,
+            ),
             ("puts_total", "Blocks put (including deduplicated ones).", self.puts),
             ("put_bytes_total", "Bytes written for puts.", self.put_bytes),
             ("dedup_hits_total", "Puts whose bytes were already stored.", self.dedup_hits),

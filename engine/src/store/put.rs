@@ -13,6 +13,7 @@ use crate::error::{Result, StoreError};
 use crate::index::{header_fp, key_fp};
 use crate::log::Pos;
 use crate::options::{Durability, PutOptions};
+use crate::placement::{context_of, BlockInfo};
 
 /// A batch larger than this is prepared in groups of about this size, the next while the last
 /// is written.
@@ -38,12 +39,29 @@ impl Store {
             .map(|(key, bytes)| Ok((self.checked_header(namespace, key, bytes, opts, now)?, *bytes)))
             .collect::<Result<Vec<_>>>()?;
         // Bytes the caller compressed are stored as given; others with the codec asked for, or
-        // the namespace's.
+        // placement's for the batch's context where the namespace allows it, or the namespace's.
         let policy = parts.policies.get(namespace);
         let codec = match &opts.compression {
             Some(meta) => {
                 policy.allows_frame(namespace, meta)?;
                 None
+            }
+            None if opts.codec.is_none() => {
+                let placed = checked.first().and_then(|(header, bytes)| {
+                    parts.placement.codec_at_put(&BlockInfo {
+                        namespace,
+                        raw_bytes: bytes.len() as u64,
+                        record_bytes: header.record_bytes(),
+                        group: opts.group,
+                        context: context_of(opts.group, namespace, &header.key),
+                        new_key: true,
+                        lossy: policy.lossy,
+                    })
+                });
+                match placed.map(|spec| policy.codec_for(namespace, Some(spec))) {
+                    Some(Ok(codec)) => codec,
+                    _ => policy.codec_for(namespace, None)?,
+                }
             }
             None => policy.codec_for(namespace, opts.codec)?,
         };

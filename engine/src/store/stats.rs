@@ -89,6 +89,10 @@ pub struct Stats {
     pub relocated_records: u64,
     /// Bytes the cleaner wrote.
     pub relocated_bytes: u64,
+    /// Of those records, blocks the cleaner wrote in another codec's form (placement's plan).
+    pub recompressed_records: u64,
+    /// Bytes the recompressed records take less than the ones they replaced.
+    pub recompressed_saved_bytes: u64,
     /// Bytes written by cleaning ÷ bytes put (0 when nothing was put).
     pub write_amplification: f64,
     pub puts: u64,
@@ -211,6 +215,8 @@ impl Store {
             segments_cleaned: get(&m.segments_cleaned),
             relocated_records: get(&m.relocated_records),
             relocated_bytes: get(&m.relocated_bytes),
+            recompressed_records: get(&m.recompressed_records),
+            recompressed_saved_bytes: get(&m.recompressed_saved_bytes),
             write_amplification: get(&m.relocated_bytes) as f64 / get(&m.put_bytes).max(1) as f64,
             puts: get(&m.puts),
             put_bytes: get(&m.put_bytes),

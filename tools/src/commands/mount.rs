@@ -18,6 +18,7 @@ pub fn run(
     threads: usize,
     durability: Durability,
     allow_other: bool,
+    placement: &crate::flags::PlacementArgs,
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
     // Checked before the volume is opened, so a bad mount point costs no recovery.
@@ -25,7 +26,9 @@ pub fn run(
     // Signals are taken synchronously below; block them before any thread starts so that none
     // of the serving threads is interrupted by them.
     let signals = block_signals();
+    let (opts, placed) = placement.apply(opts)?;
     let store = Arc::new(open(volume, opts)?);
+    placed.opened(&store);
     let mount_opts = MountOptions { threads, durability, allow_other };
     let mounted = kvhoard_fuse::mount(Arc::clone(&store), mountpoint, &mount_opts)?;
     eprintln!(

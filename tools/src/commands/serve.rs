@@ -92,6 +92,8 @@ pub struct ServeArgs {
     /// address, or the only one with its port).
     #[arg(long, value_name = "HOST:PORT", requires = "cluster_config")]
     pub cluster_announce: Option<String>,
+    #[command(flatten)]
+    pub placement: crate::flags::PlacementArgs,
 }
 
 /// Environment variable holding the RESP password (instead of --resp-password-file).
@@ -223,10 +225,11 @@ fn reload(running: &Running, args: &ServeArgs, resp: Option<SocketAddr>) {
 pub fn run(volume: &Path, args: &ServeArgs, opts: StoreOptions) -> anyhow::Result<ExitCode> {
     let mut serve_opts = options(args)?;
     serve_opts.cluster = cluster_config(args, serve_opts.resp)?;
-    let opts = StoreOptions { dram_tier_bytes: args.dram_tier, ..opts };
+    let (opts, placed) = args.placement.apply(StoreOptions { dram_tier_bytes: args.dram_tier, ..opts })?;
     // SIGHUP is only taken over when there is a map to reload; otherwise it keeps its default.
     let signals = if serve_opts.cluster.is_some() { block_signals_and_reload() } else { block_signals() };
     let store = Arc::new(open(volume, opts)?);
+    placed.opened(&store);
     let running = kvhoard_serve::start(Arc::clone(&store), serve_opts.clone()).context("cannot start serving")?;
     let addrs = running.addrs();
     let mut lines = Vec::new();
@@ -290,6 +293,10 @@ mod tests {
             threads: 1,
             cluster_config: None,
             cluster_announce: None,
+            placement: crate::flags::PlacementArgs {
+                placement: crate::replay::planning::PlacementChoice::Fifo,
+                planner_ssd_gbps: crate::replay::planning::DEFAULT_SSD_GBPS,
+            },
         }
     }
 

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
+use kvhoard_engine::placement::{context_of, Placement, Planned};
 use kvhoard_engine::{Clock, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions};
 
 use super::cache::{Cache, CacheStats, Lookup};
-use super::model::{block_bytes, block_of, Profile};
+use super::model::{block_bytes, block_of, sensitivity, CodecFacts, Profile};
+use super::planning::{self, PLANNER_FILL};
 use super::sim::Bandwidths;
-use super::PolicySpec;
+use super::{planner_for, PolicySpec, Setup, Tiers};
 
 /// Namespace a replay stores its blocks in.
 const NAMESPACE: &str = "replay";
@@ -28,35 +30,48 @@ pub struct EngineCache {
     scale: u64,
     put_bytes: u64,
     dram_hits_seen: u64,
+    /// The planner the engine applies, and its quality estimates per sensitivity level: each
+    /// context's profile, as a client that knows its contexts would set it.
+    planned: Option<(Arc<Planned>, Vec<Vec<f64>>)>,
+    /// The name of each codec the replay's facts describe, in order.
+    codec_names: Vec<String>,
 }
 
 impl EngineCache {
-    /// A fresh volume in `dir`: `ssd_bytes` and `dram_bytes` at the model's real sizes (divided
-    /// by `scale` on disk), placed by `placement`, blocks stored with `codec`, I/O as in `base`.
-    #[allow(clippy::too_many_arguments)]
+    /// A fresh volume in `dir` for `policy`: the tiers at the model's real sizes (divided by
+    /// `scale` on disk), blocks stored with the policy's codec, or as its planner decides among
+    /// `facts`' codecs, I/O as in the setup's store options.
     pub fn create(
         dir: &Path,
-        model: Profile,
+        s: &Setup,
         scale: u64,
-        ssd_bytes: u64,
-        dram_bytes: u64,
+        tiers: Tiers,
         policy: &PolicySpec,
-        base: &StoreOptions,
+        facts: &[CodecFacts],
     ) -> anyhow::Result<EngineCache> {
         let clock = Arc::new(AtomicU64::new(EPOCH_MS));
-        let placement = policy.placement(Clock::manual(Arc::clone(&clock)));
-        let codec = policy.codec;
-        let (create, _) = geometry(&model, scale, ssd_bytes);
+        let (create, segments) = geometry(&s.model, scale, tiers.ssd);
+        let planned = policy.planner.map(|alpha| {
+            let capacity = u64::from(segments) * create.segment_size_bytes;
+            let (config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
+            let planned = planning::planned(config, &estimates, facts, Clock::manual(Arc::clone(&clock)));
+            (Arc::new(planned), estimates)
+        });
+        let placement: Arc<dyn Placement> = match &planned {
+            Some((p, _)) => Arc::clone(p) as Arc<dyn Placement>,
+            None => policy.placement(Clock::manual(Arc::clone(&clock))),
+        };
         let opts = StoreOptions {
             clock: Clock::manual(Arc::clone(&clock)),
             placement,
-            dram_tier_bytes: dram_bytes / scale,
-            ..base.clone()
+            dram_tier_bytes: tiers.dram / scale,
+            ..s.store.clone()
         };
         let store = Store::create(dir, &create, opts)
             .with_context(|| format!("cannot create the replay volume in {}", dir.display()))?;
-        store.set_policy(NAMESPACE, Policy { codec, lossy: true })?;
-        Ok(EngineCache { store, clock, model, scale, put_bytes: 0, dram_hits_seen: 0 })
+        store.set_policy(NAMESPACE, Policy { codec: policy.codec, lossy: true })?;
+        let codec_names = facts.iter().map(|f| f.spec.map_or_else(|| "raw".to_string(), |c| c.to_string())).collect();
+        Ok(EngineCache { store, clock, model: s.model, scale, put_bytes: 0, dram_hits_seen: 0, planned, codec_names })
     }
 
     fn key(id: u64) -> String {
@@ -181,7 +196,8 @@ impl Cache for EngineCache {
         // Reclaim may have dropped one since contains(): the prefix ends there.
         for block in blocks.iter().map_while(Option::as_ref) {
             lookup.hits += 1;
-            lookup.hit_codec.push(usize::from(!block.meta.compression.is_none()));
+            let codec = block.meta.codec();
+            lookup.hit_codec.push(self.codec_names.iter().position(|n| *n == codec).unwrap_or(0));
         }
         let dram = self.store.stats().tiers.iter().find(|t| t.tier == "dram").map_or(0, |t| t.hits);
         lookup.dram_hits = usize::try_from(dram - self.dram_hits_seen.min(dram)).unwrap_or(0);
@@ -202,6 +218,11 @@ impl Cache for EngineCache {
         let desc = generated.first().map(|(_, s)| s.desc.desc());
         let items: Vec<(&str, &[u8])> =
             generated.iter().map(|(k, _)| k.as_str()).zip(datas.iter().map(Vec::as_slice)).collect();
+        if let Some((planned, estimates)) = &self.planned {
+            if let Some(quality) = estimates.get(sensitivity(group)) {
+                planned.set_profile(context_of(Some(group), NAMESPACE, ""), quality.clone());
+            }
+        }
         let opts = PutOptions {
             durability: Durability::Written,
             desc,
@@ -225,8 +246,9 @@ impl Cache for EngineCache {
             stored_bytes: s.live_bytes * self.scale,
             // The engine does not account how long blocks lived.
             byte_seconds: 0.0,
-            planner_cpu_s: 0.0,
-            recompressed: 0,
+            planner_cpu_s: self.planned.as_ref().map_or(0.0, |(p, _)| p.stats().cpu.as_secs_f64()),
+            recompressed: s.recompressed_records,
+            // Drops by a decision and by age are one count in the engine (evictions).
             planner_drops: 0,
         }
     }

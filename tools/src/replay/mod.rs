@@ -8,6 +8,7 @@ pub mod engine;
 pub mod generate;
 pub mod model;
 pub mod plan;
+pub mod planning;
 pub mod run;
 pub mod setup;
 pub mod sim;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use kvhoard_engine::placement::planner::{PlannedCleaning, PlannerConfig, StoreOption};
+use kvhoard_engine::placement::planner::{PlannedCleaning, PlannerConfig};
 use kvhoard_engine::placement::{Fifo, Lru, Placement};
 use kvhoard_engine::{Clock, CodecSpec, StoreOptions};
 use serde_json::{json, Value};
@@ -32,22 +33,11 @@ use crate::plot::{Chart, Series, SeriesLabelPosition};
 use cache::Cache;
 use kvhoard_engine::placement::group_ttl::GroupTtlConfig;
 use model::CodecFacts;
+use planning::{Costs, PlacementChoice, PLANNER_FILL};
 use run::{quantile, replay, Report};
 use setup::{ServingArgs, Setup};
 use sim::SimCache;
 use ttl::TtlSpec;
-
-/// Codecs the `planner` policy chooses among (besides raw and dropping): every one a whole-block
-/// reader can serve.
-const PLANNER_CODECS: [&str; 4] = ["lossless", "quant:bits=8", "quant:bits=4", "quant:bits=2"];
-/// The planner's α unless the policy says: a block's whole quality is worth 50 ms of delay, three
-/// times what recomputing it costs (an 8B model's 512 tokens on the default GPU: 17 ms).
-const DEFAULT_ALPHA: f64 = 0.05;
-/// Half-life of a context's access count under the planner.
-const PLANNER_HALF_LIFE_MS: u64 = 600_000;
-/// Share of the volume the planner fills: cleaning keeps every block the planner keeps, and at
-/// 85 % it wrote 1.3-2.9 bytes per byte put on the shared trace, at 70 % 0.5-1.0.
-const PLANNER_FILL: f64 = 0.7;
 
 /// The real engine's block divisor unless `--scale` says otherwise: an 8B model's 64 MiB trace
 /// block becomes 2 MiB.
@@ -153,13 +143,11 @@ impl PolicySpec {
     /// `planner[:alpha=SECS]`.
     pub fn parse(text: &str) -> anyhow::Result<PolicySpec> {
         let text = text.trim();
-        if let Some(rest) = text.strip_prefix("planner") {
-            let alpha = match rest.strip_prefix(":alpha=") {
-                Some(a) => a.parse::<f64>().ok().filter(|a| a.is_finite() && *a >= 0.0).with_context(|| {
-                    format!("policy {text:?}: alpha must be a number of seconds, e.g. planner:alpha=0.5")
-                })?,
-                None if rest.is_empty() => DEFAULT_ALPHA,
-                None => bail!("unknown policy {text:?}; use planner or planner:alpha=SECS"),
+        if text.starts_with("planner") {
+            let PlacementChoice::Planner { alpha } =
+                PlacementChoice::parse(text).with_context(|| format!("policy {text:?}"))?
+            else {
+                bail!("unknown policy {text:?}; use planner or planner:alpha=SECS");
             };
             return Ok(PolicySpec { name: text.into(), codec: None, lru: true, planner: Some(alpha) });
         }
@@ -196,12 +184,7 @@ impl PolicySpec {
     /// Codecs its blocks may be stored with: raw, and its codec's (or the planner's) measured
     /// facts.
     pub fn codecs(&self) -> anyhow::Result<Vec<CodecFacts>> {
-        let mut facts = vec![CodecFacts::raw()];
-        if self.planner.is_some() {
-            for spec in PLANNER_CODECS {
-                facts.push(CodecFacts::measure(CodecSpec::parse(spec)?)?);
-            }
-        }
+        let mut facts = if self.planner.is_some() { planning::planner_facts()? } else { vec![CodecFacts::raw()] };
         if let Some(spec) = self.codec {
             facts.push(CodecFacts::measure(spec)?);
         }
@@ -221,27 +204,15 @@ fn progress(len: u64, show: bool, what: &str) -> ProgressBar {
     bar
 }
 
-/// The planner's options for `facts`: each codec as a load from the log and a decode, then
-/// dropped (recomputed by a prefill), with the quality estimates it may see.
-fn planner_for(s: &Setup, alpha: f64, facts: &[CodecFacts], budget_bytes: u64) -> sim::Planned {
-    let mut options: Vec<StoreOption> = facts
-        .iter()
-        .map(|f| {
-            let stored = s.raw_block as f64 * f.ratio;
-            let decode = s.raw_block as f64 / (f.decode_bps * s.bandwidths.decode_cores.max(1.0));
-            StoreOption {
-                ratio: f.ratio,
-                delay_s: stored / s.bandwidths.ssd_bps + decode,
-                lossy: f.spec.is_some_and(|c| c.is_lossy()),
-            }
-        })
-        .collect();
-    options.push(StoreOption { ratio: 0.0, delay_s: s.gpu.prefill_s(&s.model, trace::BLOCK_TOKENS), lossy: false });
-    let estimates = (0..model::SENSITIVITY_LEVELS)
-        .map(|level| facts.iter().map(|f| f.estimate[level]).chain([1.0]).collect())
-        .collect();
-    let config = PlannerConfig { alpha, half_life_ms: PLANNER_HALF_LIFE_MS, budget_bytes, options };
-    sim::Planned::new(config, estimates)
+/// The planner's options for `facts` under this setup's costs (see `planning`).
+pub fn planner_for(s: &Setup, alpha: f64, facts: &[CodecFacts], budget_bytes: u64) -> (PlannerConfig, Vec<Vec<f64>>) {
+    let costs = Costs {
+        raw_block: s.raw_block,
+        ssd_bps: s.bandwidths.ssd_bps,
+        decode_cores: s.bandwidths.decode_cores,
+        recompute_s: s.gpu.prefill_s(&s.model, trace::BLOCK_TOKENS),
+    };
+    planning::planner_config(alpha, facts, &costs, budget_bytes)
 }
 
 /// The simulator for `policy` with `tiers`.
@@ -262,7 +233,10 @@ fn sim_cache(s: &Setup, policy: &PolicySpec, facts: &[CodecFacts], tiers: Tiers)
     );
     match policy.planner {
         // The planner keeps what it decides within most of the volume, leaving the cleaner room.
-        Some(alpha) => cache.with_planner(planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64)),
+        Some(alpha) => {
+            let (config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
+            cache.with_planner(sim::Planned::new(config, estimates))
+        }
         None => cache,
     }
 }
@@ -292,16 +266,12 @@ fn run_one(
     let bar = progress(s.trace.requests.len() as u64, show, &policy.name);
     let report = match volume {
         None => simulate(s, policy, &facts, tiers, &bar)?,
-        Some(_) if policy.planner.is_some() => {
-            bail!("the planner policy runs in the simulator only (--sim): the engine does not apply its decisions yet")
-        }
         Some(dir) => {
             let dir = dir.join(format!("replay-{}", policy.name.replace([':', ',', '=', '+'], "_")));
             if dir.exists() {
                 bail!("{} exists; replay needs a fresh directory", dir.display());
             }
-            let mut cache =
-                engine::EngineCache::create(&dir, s.model, args.scale, tiers.ssd, tiers.dram, policy, &s.store)?;
+            let mut cache = engine::EngineCache::create(&dir, s, args.scale, tiers, policy, &facts)?;
             let result = replay(&s.trace, &mut cache as &mut dyn Cache, &s.settings(facts, tiers.ttl), &bar);
             cache.close()?;
             let _ = std::fs::remove_dir_all(&dir);

@@ -206,9 +206,11 @@ impl SimCache {
                     raw_bytes: e.raw,
                     record_bytes: e.record,
                     group: Some(e.group),
+                    context: e.group,
+                    lossy: true,
                     reads: e.reads,
                     age_ms: now_ms.saturating_sub(e.written_ms),
-                }) == Keep::Relocate;
+                }) != Keep::Drop;
             self.index.remove(&id);
             self.dram.remove(&Self::fp(id));
             self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
@@ -416,8 +418,15 @@ impl Cache for SimCache {
             let loc = Loc { segment: e.segment, unit: e.unit };
             let stored = e.record - UNIT;
             let decode = e.raw as f64 / (self.facts(e.codec).decode_bps * self.bandwidths.decode_cores.max(1.0));
-            let info =
-                BlockInfo { namespace: "replay", raw_bytes: e.raw, record_bytes: e.record, group: Some(e.group) };
+            let info = BlockInfo {
+                namespace: "replay",
+                raw_bytes: e.raw,
+                record_bytes: e.record,
+                group: Some(e.group),
+                context: e.group,
+                new_key: false,
+                lossy: true,
+            };
             let in_dram = self.dram.get(&Self::fp(id), loc).is_some();
             lookup.load_s += decode
                 + if in_dram {
@@ -467,6 +476,9 @@ impl Cache for SimCache {
                 raw_bytes: self.raw_block,
                 record_bytes: self.record_bytes(codec),
                 group: Some(group),
+                context: group,
+                new_key: true,
+                lossy: true,
             };
             if let (Some(e), true) = (e, self.placement.on_put(&info).dram) {
                 self.dram.insert(Self::fp(id), Loc { segment: e.segment, unit: e.unit }, e.record - UNIT, ());

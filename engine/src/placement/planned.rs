@@ -1,0 +1,383 @@
+//! The planner applied by the engine: a [`Placement`] that keeps a [`Planner`] of the volume's
+//! contexts and carries out its decisions where the engine writes anyway.
+//!
+//! - **Accesses.** A put or a get of a context's block is an access of the context; puts and
+//!   gets of one context at the same millisecond (a batch) are one access. A put under a key
+//!   that named no block adds a block to its context (a dropped context starts again from
+//!   none). Blocks reclaim drops whole with a segment, when cleaning falls behind, stay counted
+//!   until their context is dropped or used again.
+//! - **Admission.** A put that names no codec is stored with the codec of its context's option
+//!   (for a new or dropped context, the option admission gives it at the current price of a
+//!   byte), asked once per batch.
+//! - **Cleaning.** A cleaner emptying a segment keeps each live block as its context's option
+//!   says: as it is, recompressed with that option's codec, or dropped. Placement therefore
+//!   never rewrites a block the cleaner would not have read anyway: a context whose option
+//!   changes reaches its new form segment by segment, as cleaning comes to its blocks.
+//! - **Quality.** Each option's quality for a context is the profile a client set for it
+//!   ([`Planned::set_profile`]), else the configuration's estimate for the codec.
+//!
+//! What the planner knows lives in memory (about 150 bytes per context: the context, its
+//! profile when one is set, and its place in the heap). After a restart it knows no context
+//! until one is used again; a cleaner meets blocks of contexts it does not know and keeps them as
+//! [`Lru`] does (those read since their write). Victims are chosen by cost-benefit, and the DRAM
+//! tier holds what is put and read, as with [`Lru`].
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kvhoard_kernels::CodecSpec;
+
+use super::planner::{Planner, PlannerConfig};
+use super::{BlockInfo, Keep, LiveBlock, Lru, Placement, PutPlan, SegmentView};
+use crate::clock::Clock;
+
+/// A planned volume's options: the planner's configuration and the codec of each option.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedConfig {
+    /// What the planner weighs; its last option is "dropped".
+    pub planner: PlannerConfig,
+    /// The codec of each option but the last (`None`: the block as it was put).
+    pub codecs: Vec<Option<CodecSpec>>,
+    /// The quality of each option for a context no profile was set for (1 for lossless ones).
+    pub quality: Vec<f64>,
+}
+
+#[derive(Debug)]
+struct State {
+    planner: Planner,
+    /// Per context: the last millisecond it was accessed.
+    last_access: HashMap<u64, u64>,
+    /// Quality profiles clients set, per context.
+    profiles: HashMap<u64, Vec<f64>>,
+    /// Time spent deciding.
+    cpu: Duration,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Planned {
+    state: Mutex<State>,
+    codecs: Vec<Option<CodecSpec>>,
+    quality: Vec<f64>,
+    lru: Lru,
+    clock: Clock,
+}
+
+/// What a planned volume's placement has done, for `kvhoard plan` and metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlannedStats {
+    /// Contexts known.
+    pub contexts: usize,
+    /// Bytes the planner counts as kept.
+    pub planned_bytes: u64,
+    /// Its budget.
+    pub budget_bytes: u64,
+    /// CPU time spent deciding.
+    pub cpu: Duration,
+}
+
+impl Planned {
+    /// A planned placement reading time from `clock` (the store's).
+    pub fn new(config: PlannedConfig, clock: Clock) -> Planned {
+        let state = State {
+            planner: Planner::new(config.planner),
+            last_access: HashMap::new(),
+            profiles: HashMap::new(),
+            cpu: Duration::ZERO,
+        };
+        Planned {
+            state: Mutex::new(state),
+            codecs: config.codecs,
+            quality: config.quality,
+            lru: Lru::new(clock.clone()),
+            clock,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the quality each option keeps for `context` (one per option, the last, "dropped",
+    /// included): what the client measured, or knows of the context's sensitivity.
+    pub fn set_profile(&self, context: u64, quality: Vec<f64>) {
+        self.lock().profiles.insert(context, quality);
+    }
+
+    /// A client observed `observed` quality (0 to 1) from `context`'s blocks as they are kept now.
+    /// When it is more than `drift` (a fraction, e.g. 0.05) below what the planner assumed for
+    /// that form, the context's quality for that form and every harder one is lowered by the same
+    /// factor and its steps are scored again: the next rebalance may drop it, or stop compressing
+    /// it further. A lossy copy is never made better: a context that needs more quality than its
+    /// stored form has is recomputed by the client (it is treated as dropped). Returns whether the
+    /// context was scored again.
+    pub fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
+        let mut state = self.lock();
+        let assumed = state.planner.quality_of(context);
+        if !(observed.is_finite() && observed < assumed * (1.0 - drift.clamp(0.0, 1.0))) {
+            return false;
+        }
+        let option = state.planner.option_of(context);
+        let factor = (observed / assumed).clamp(0.0, 1.0);
+        let dropped = state.planner.config().options.len().saturating_sub(1);
+        let mut quality = state.profiles.get(&context).unwrap_or(&self.quality).clone();
+        for (k, q) in quality.iter_mut().enumerate() {
+            if k >= option && k < dropped {
+                *q *= factor;
+            }
+        }
+        state.planner.set_quality(context, &quality);
+        state.profiles.insert(context, quality);
+        true
+    }
+
+    /// The option `context`'s blocks are kept with (index into the configuration's options).
+    pub fn option_of(&self, context: u64) -> usize {
+        self.lock().planner.option_of(context)
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> PlannedStats {
+        let state = self.lock();
+        PlannedStats {
+            contexts: state.planner.contexts(),
+            planned_bytes: state.planner.stored_bytes(),
+            budget_bytes: state.planner.config().budget_bytes,
+            cpu: state.cpu,
+        }
+    }
+
+    /// The quality of each option for `block`'s context: its profile, or the configuration's
+    /// estimates; -inf (never chosen) for a lossy option where its namespace denies lossy codecs.
+    fn quality_of(&self, state: &State, block: &BlockInfo<'_>) -> Vec<f64> {
+        let quality = state.profiles.get(&block.context).unwrap_or(&self.quality);
+        let options = &state.planner.config().options;
+        quality.iter().zip(options).map(|(q, o)| if o.lossy && !block.lossy { f64::NEG_INFINITY } else { *q }).collect()
+    }
+
+    /// Sets the bytes the kept blocks may take: most of the volume (the rest is the cleaner's
+    /// room), known once the volume is open.
+    pub fn set_budget(&self, budget_bytes: u64) {
+        self.lock().planner.set_budget(budget_bytes);
+    }
+
+    /// Records an access of `block`'s context (`added` blocks put by it) and rebalances when the
+    /// kept bytes exceed the budget.
+    fn access(&self, block: &BlockInfo<'_>, added: u64) {
+        let started = Instant::now();
+        let now = self.clock.now_unix_ms();
+        let mut state = self.lock();
+        let state = &mut *state;
+        // A dropped context's blocks are gone (or going): it starts again from what is put now.
+        let dropped = state.planner.config().options.len().saturating_sub(1);
+        let kept =
+            if state.planner.option_of(block.context) == dropped { 0 } else { state.planner.blocks_of(block.context) };
+        let blocks = kept + added;
+        if state.last_access.insert(block.context, now) == Some(now) {
+            state.planner.resize(block.context, blocks);
+        } else {
+            let quality = self.quality_of(state, block);
+            state.planner.touch(block.context, now, blocks.max(1), block.raw_bytes, &quality);
+        }
+        if state.planner.over_budget() {
+            state.planner.rebalance();
+        }
+        state.cpu += started.elapsed();
+    }
+}
+
+impl Placement for Planned {
+    fn on_put(&self, block: &BlockInfo<'_>) -> PutPlan {
+        self.access(block, u64::from(block.new_key));
+        self.lru.on_put(block)
+    }
+
+    fn on_load(&self, block: &BlockInfo<'_>) -> bool {
+        self.lru.on_load(block)
+    }
+
+    fn on_hit(&self, block: &BlockInfo<'_>) {
+        self.access(block, 0);
+    }
+
+    fn codec_at_put(&self, block: &BlockInfo<'_>) -> Option<CodecSpec> {
+        let now = self.clock.now_unix_ms();
+        let state = self.lock();
+        let quality = self.quality_of(&state, block);
+        let blocks = state.planner.blocks_of(block.context).max(1);
+        let option = state.planner.option_for_put(block.context, now, blocks, block.raw_bytes, &quality);
+        self.codecs.get(option).copied().flatten()
+    }
+
+    fn victim(&self, candidates: &[SegmentView]) -> u32 {
+        self.lru.victim(candidates)
+    }
+
+    fn cleans(&self) -> bool {
+        true
+    }
+
+    fn keep(&self, block: &LiveBlock<'_>) -> Keep {
+        let started = Instant::now();
+        let mut state = self.lock();
+        if state.planner.over_budget() {
+            state.planner.rebalance();
+        }
+        let known = state.last_access.contains_key(&block.context);
+        let option = state.planner.option_of(block.context);
+        state.cpu += started.elapsed();
+        drop(state);
+        if !known {
+            return self.lru.keep(block);
+        }
+        match self.codecs.get(option) {
+            None => Keep::Drop,
+            Some(None) => Keep::Relocate,
+            Some(Some(spec)) => Keep::Recompress(*spec),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::placement::planner::StoreOption;
+
+    fn planned(budget: u64) -> (Planned, Arc<AtomicU64>) {
+        let q8 = CodecSpec::quant(8, 32, 0);
+        let config = PlannedConfig {
+            planner: PlannerConfig {
+                alpha: 0.5,
+                half_life_ms: 600_000,
+                budget_bytes: budget,
+                options: vec![
+                    StoreOption { ratio: 1.0, delay_s: 0.011, lossy: false },
+                    StoreOption { ratio: 0.5, delay_s: 0.008, lossy: true },
+                    StoreOption { ratio: 0.0, delay_s: 0.1, lossy: false },
+                ],
+            },
+            codecs: vec![None, Some(q8)],
+            quality: vec![1.0, 0.98, 1.0],
+        };
+        let now = Arc::new(AtomicU64::new(1_000));
+        (Planned::new(config, Clock::manual(Arc::clone(&now))), now)
+    }
+
+    fn info(context: u64) -> BlockInfo<'static> {
+        BlockInfo {
+            namespace: "n",
+            raw_bytes: 100,
+            record_bytes: 4096,
+            group: Some(context),
+            context,
+            new_key: true,
+            lossy: true,
+        }
+    }
+
+    fn live(context: u64, reads: u8) -> LiveBlock<'static> {
+        LiveBlock {
+            namespace: "n",
+            raw_bytes: 100,
+            record_bytes: 4096,
+            group: Some(context),
+            context,
+            lossy: true,
+            reads,
+            age_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_one_access_and_cold_contexts_give_way_first() {
+        let (p, now) = planned(1_200);
+        // Context 1: 8 blocks put in one batch, then read at ten other times; context 2: 8 blocks.
+        for _ in 0..8 {
+            p.on_put(&info(1));
+        }
+        for t in 1..=10 {
+            now.store(1_000 + t * 1_000, Ordering::Relaxed);
+            p.on_hit(&info(1));
+        }
+        now.store(20_000, Ordering::Relaxed);
+        for _ in 0..8 {
+            p.on_put(&info(2));
+        }
+        let stats = p.stats();
+        assert_eq!(stats.contexts, 2);
+        assert!(stats.planned_bytes <= 1_200, "rebalanced at the put that went over: {stats:?}");
+        assert_eq!(p.keep(&live(1, 0)), Keep::Relocate, "the hot context stays as it is");
+        assert_ne!(p.keep(&live(2, 0)), Keep::Relocate, "the cold one is compressed or dropped");
+        // A context it never saw (a restart) is kept as LRU keeps it.
+        assert_eq!(p.keep(&live(9, 0)), Keep::Drop);
+        assert_eq!(p.keep(&live(9, 2)), Keep::Relocate);
+    }
+
+    #[test]
+    fn a_quality_report_below_the_profile_rescores_the_context() {
+        let (p, now) = planned(1_200);
+        // Context 1 (8 blocks) is compressed to fit; a client then reports its hits are poor.
+        for _ in 0..8 {
+            p.on_put(&info(1));
+        }
+        now.store(2_000, Ordering::Relaxed);
+        for _ in 0..8 {
+            p.on_put(&info(2));
+        }
+        let option = p.option_of(1);
+        assert_eq!(option, 1, "the colder context is quantized to fit");
+        assert!(!p.report_quality(1, 0.975, 0.05), "within the drift: nothing changes");
+        assert!(p.report_quality(1, 0.5, 0.05), "far below: scored again");
+        // Quantized at half the quality it was assumed to keep, it is worth less than its
+        // recompute: the next rebalance drops it rather than keep it so.
+        now.store(3_000, Ordering::Relaxed);
+        p.on_put(&info(2));
+        p.on_put(&info(3));
+        assert_eq!(p.option_of(1), 2, "{:?}", p.stats());
+    }
+
+    #[test]
+    fn admission_compresses_when_bytes_are_dear_and_profiles_count() {
+        let (p, now) = planned(1_200);
+        // Four contexts of four blocks, each read twice: more than the budget holds raw.
+        for c in 0..4 {
+            now.store(1_000 + c * 10, Ordering::Relaxed);
+            for _ in 0..4 {
+                p.on_put(&info(c));
+            }
+            for t in 1..=2 {
+                now.store(1_000 + c * 10 + t, Ordering::Relaxed);
+                p.on_hit(&info(c));
+            }
+        }
+        assert!(p.stats().planned_bytes <= 1_200);
+        // Bytes are dear now: a new context, used once, is admitted compressed.
+        now.store(5_000, Ordering::Relaxed);
+        assert_eq!(p.codec_at_put(&info(7)), Some(CodecSpec::quant(8, 32, 0)));
+        // A context whose profile says quantization ruins it is kept raw or dropped, never
+        // quantized.
+        p.set_profile(8, vec![1.0, 0.0, 1.0]);
+        assert_eq!(p.codec_at_put(&info(8)), None);
+        // Nor is one whose namespace denies lossy codecs; and when bytes are short, its
+        // contexts are dropped, never quantized.
+        let strict = |context| BlockInfo { lossy: false, ..info(context) };
+        assert_eq!(p.codec_at_put(&strict(9)), None);
+        for c in 20..40 {
+            now.store(6_000 + c, Ordering::Relaxed);
+            for _ in 0..4 {
+                p.on_put(&strict(c));
+            }
+        }
+        assert!(p.stats().planned_bytes <= 1_200);
+        for c in 20..40 {
+            let keep = p.keep(&LiveBlock { lossy: false, ..live(c, 0) });
+            assert!(matches!(keep, Keep::Relocate | Keep::Drop), "context {c}: {keep:?}");
+        }
+    }
+}

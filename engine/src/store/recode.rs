@@ -1,0 +1,95 @@
+//! A stored block in another codec's form: the one definition of what may be recoded and how,
+//! for [`Store::recompress`](super::Store::recompress) (a client asks) and for cleaning (placement
+//! asks, `reclaim/clean.rs`).
+
+use kvhoard_format::record::RecordHeader;
+use kvhoard_kernels::CodecSpec;
+
+use super::decode::Dropped;
+use super::put::replacement;
+use crate::block::Block;
+use crate::buffer::PooledBuf;
+use crate::codec::{spec_of, Skipped};
+use crate::error::{Result, StoreError};
+use crate::options::ReadOptions;
+use crate::parts::Parts;
+
+/// What recoding a block gives.
+pub(crate) enum Recoded {
+    /// It is already stored in that form.
+    Same,
+    /// Its new record: the header (complete: codec area, lengths, crc) and the stored bytes.
+    New { header: Box<RecordHeader>, stored: PooledBuf },
+    /// It was damaged or changed while it was read (a miss from here on).
+    Gone,
+}
+
+impl Parts {
+    /// `frame` (the block `key` of `namespace` names, as stored) in the form `codec` gives it:
+    /// from its stored bytes when its codec is lossless, or from its decoded form (quant8 →
+    /// quant4 starts from the decoded 8-bit block). The new record keeps the block's name (the
+    /// blake3 of its original bytes), description, group, parent and the rest of its TTL.
+    ///
+    /// Refuses what the namespace's policy denies, a codec that cannot take the block, going from
+    /// a lossy form back to a lossless one or raw bytes (the original is no longer held, so they
+    /// would not decode to the bytes the block is named for), and blocks whose tokens were
+    /// dropped.
+    pub(crate) fn recode(&self, namespace: &str, key: &str, frame: Block, codec: CodecSpec) -> Result<Recoded> {
+        let target = self.policies.get(namespace).codec_for(namespace, Some(codec))?;
+        let meta = frame.meta.clone();
+        let current = spec_of(&meta.desc, meta.raw_len, &meta.compression).ok_or_else(|| StoreError::Codec {
+            key: key.into(),
+            reason: "its codec is unknown to this build".into(),
+        })?;
+        if current.drops_tokens() {
+            return Err(StoreError::invalid(
+                "recompress",
+                format!("{key:?} was stored with tokens dropped; it cannot be recompressed"),
+            ));
+        }
+        if current.is_lossy() && !target.is_some_and(|t| t.is_lossy()) {
+            return Err(StoreError::invalid(
+                "recompress",
+                format!("{key:?} is stored lossy ({current}); its original bytes are gone, so it cannot be stored losslessly again"),
+            ));
+        }
+        if target == Some(current) || (target.is_none() && meta.compression.is_none()) {
+            return Ok(Recoded::Same);
+        }
+        let opts = ReadOptions { verify_hash: true };
+        let Some((decoded, _)) = self.decoded(key, frame, opts, Dropped::Refuse)? else { return Ok(Recoded::Gone) };
+        let mut header = replacement(namespace, key, &meta, self.clock.now_unix_ms());
+        let compressed = match target {
+            None => None,
+            Some(spec) => match self.codecs.compress(spec, &meta.desc, &decoded, &self.pool) {
+                Ok(c) => {
+                    header.compression = c.meta;
+                    Some(c.payload)
+                }
+                Err(Skipped::NoGain) => None,
+                Err(Skipped::NotApplicable(why)) => {
+                    return Err(StoreError::invalid("recompress", format!("{spec} cannot take {key:?}: {why}")))
+                }
+            },
+        };
+        let stored = match compressed {
+            Some(c) => c,
+            None if current.is_lossy() => {
+                return Err(StoreError::invalid(
+                    "recompress",
+                    format!("{key:?} would have to be stored raw from a lossy form"),
+                ))
+            }
+            None if meta.compression.is_none() => return Ok(Recoded::Same),
+            None => {
+                let mut raw = self.pool.get(decoded.len());
+                raw.copy_from_slice(&decoded);
+                raw
+            }
+        };
+        header.stored_len = stored.len() as u64;
+        header.payload_crc = crc32c::crc32c(&stored);
+        header.validate()?;
+        Ok(Recoded::New { header: Box::new(header), stored })
+    }
+}

@@ -1,0 +1,170 @@
+//! Cleaning that recompresses: placement asks for a block to be written again in another codec's
+//! form, and the cleaner does it where the namespace's policy and the block allow (lossy only
+//! where lossy codecs are allowed, never for a block other keys also name), relocating it as it
+//! is otherwise. A crash or a write error at any point of such a cleaning leaves every block in
+//! one of its two forms, whole.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kvhoard_engine::device::{CrashMode, FaultKind, MemDevice};
+use kvhoard_engine::placement::{BlockInfo, Keep, LiveBlock, Placement, PutPlan, SegmentView};
+use kvhoard_engine::{CodecSpec, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_kernels::synth::Synth;
+use kvhoard_kernels::{Codec, CpuCodec, KvShape};
+
+const SEG: u64 = 1 << 20;
+
+fn q8() -> CodecSpec {
+    CodecSpec::quant(8, 32, 0)
+}
+
+/// Recompresses groups 0 mod 3 with quant8 and 1 mod 3 losslessly; relocates the rest.
+#[derive(Debug)]
+struct ByContext;
+
+impl Placement for ByContext {
+    fn on_put(&self, _: &BlockInfo<'_>) -> PutPlan {
+        PutPlan { dram: false }
+    }
+    fn on_load(&self, _: &BlockInfo<'_>) -> bool {
+        false
+    }
+    fn victim(&self, candidates: &[SegmentView]) -> u32 {
+        candidates.iter().min_by_key(|s| s.seq).map_or(0, |s| s.index)
+    }
+    fn cleans(&self) -> bool {
+        true
+    }
+    fn keep(&self, block: &LiveBlock<'_>) -> Keep {
+        match block.group.map_or(2, |g| g % 3) {
+            0 => Keep::Recompress(q8()),
+            1 => Keep::Recompress(CodecSpec::lossless(1)),
+            _ => Keep::Relocate,
+        }
+    }
+}
+
+fn shape() -> KvShape {
+    KvShape::kv_2ltd(kvhoard_engine::format::Dtype::Bf16, 2, 64, 2, 64)
+}
+
+/// What quant8 makes of `bytes`: what the store must return for a block it recompressed so.
+fn quantized(bytes: &[u8]) -> Vec<u8> {
+    let mut codec = CpuCodec::new(q8()).unwrap();
+    let mut frame = vec![0u8; codec.max_payload_size(&shape())];
+    let c = codec.compress(&kvhoard_kernels::Block::new(shape(), bytes), &mut frame).unwrap();
+    let mut out = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
+    let d = CpuCodec::decoder().decompress(&c.params, &c.shape, &frame[..c.len], &mut out).unwrap();
+    out.truncate(d.len);
+    out
+}
+
+struct Expected {
+    bytes: Vec<u8>,
+    /// The form cleaning may leave instead (`None`: only the original).
+    recompressed: Option<Vec<u8>>,
+}
+
+fn store() -> (Arc<MemDevice>, Store, StoreOptions) {
+    let dev = Arc::new(MemDevice::new(SEG * 16));
+    let opts = StoreOptions { placement: Arc::new(ByContext), ..StoreOptions::default() };
+    let store =
+        Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone())
+            .unwrap();
+    store.set_policy("lossy", Policy { codec: None, lossy: true }).unwrap();
+    (dev, store, opts)
+}
+
+/// Puts 24 blocks in each of "lossy" and "strict" (context = group = i), and in "lossy" one
+/// block under two keys (a context cleaning asks to quantize).
+fn fill(store: &Store) -> BTreeMap<(String, String), Expected> {
+    let mut expected = BTreeMap::new();
+    for ns in ["lossy", "strict"] {
+        for i in 0..24u64 {
+            let bytes = Synth::for_desc(shape(), i + 1).generate();
+            let opts = PutOptions {
+                durability: Durability::Synced,
+                desc: Some(shape().desc()),
+                group: Some(i),
+                ..PutOptions::default()
+            };
+            store.put(ns, &format!("k{i}"), &bytes, &opts).unwrap();
+            let recompressed = (ns == "lossy" && i % 3 == 0).then(|| quantized(&bytes));
+            expected.insert((ns.to_string(), format!("k{i}")), Expected { bytes, recompressed });
+        }
+    }
+    let shared = Synth::for_desc(shape(), 99).generate();
+    for key in ["s1", "s2"] {
+        let opts = PutOptions {
+            durability: Durability::Synced,
+            desc: Some(shape().desc()),
+            group: Some(3),
+            ..PutOptions::default()
+        };
+        store.put("lossy", key, &shared, &opts).unwrap();
+        expected.insert(("lossy".into(), key.into()), Expected { bytes: shared.clone(), recompressed: None });
+    }
+    expected
+}
+
+fn check(store: &Store, expected: &BTreeMap<(String, String), Expected>, what: &str) -> usize {
+    let mut recompressed = 0;
+    for ((ns, key), e) in expected {
+        let got = store.get(ns, key, ReadOptions { verify_hash: true }).unwrap();
+        let got = got.unwrap_or_else(|| panic!("{what}: {ns}/{key} lost"));
+        if got[..] == e.bytes[..] {
+            continue;
+        }
+        assert!(
+            e.recompressed.as_ref().is_some_and(|r| r[..] == got[..]),
+            "{what}: {ns}/{key} came back as bytes that are neither its own nor its recompressed form"
+        );
+        assert_eq!(got.meta.content_hash, *blake3::hash(&e.bytes).as_bytes(), "{what}: {ns}/{key} lost its name");
+        recompressed += 1;
+    }
+    recompressed
+}
+
+#[test]
+fn cleaning_recompresses_what_placement_asks_where_the_policy_allows() {
+    let (_dev, store, _) = store();
+    let expected = fill(&store);
+    let before = store.stats();
+    for _ in 0..4 {
+        store.clean_now().unwrap();
+    }
+    let stats = store.stats();
+    let quantized = check(&store, &expected, "after cleaning");
+    assert_eq!(quantized, 8, "the eight lossy-namespace blocks of contexts 0 mod 3 are quantized, no other");
+    assert!(stats.recompressed_records >= 16, "quant8 and lossless recompressions: {stats:?}");
+    assert!(stats.recompressed_saved_bytes > 0, "{stats:?}");
+    assert!(stats.live_bytes < before.live_bytes, "{} >= {}", stats.live_bytes, before.live_bytes);
+    // Context 1 mod 3 is stored losslessly now, in both namespaces; the shared block is not.
+    for ns in ["lossy", "strict"] {
+        let got = store.get(ns, "k1", ReadOptions { verify_hash: true }).unwrap().unwrap();
+        assert!(got.meta.codec().starts_with("lossless"), "{ns}/k1: {}", got.meta.codec());
+        let got = store.get(ns, "k0", ReadOptions::default()).unwrap().unwrap();
+        let want = if ns == "lossy" { "quant:bits=8" } else { "raw" };
+        assert!(got.meta.codec().starts_with(want), "{ns}/k0: {}", got.meta.codec());
+    }
+    let shared = store.get("lossy", "s1", ReadOptions::default()).unwrap().unwrap();
+    assert_eq!(shared.meta.codec(), "raw", "a block two keys name is relocated as it is");
+}
+
+#[test]
+fn a_crash_or_write_error_while_cleaning_recompresses_leaves_one_form_or_the_other() {
+    for fail_at in 1..10u64 {
+        for mode in [CrashMode::KeepAll, CrashMode::DropAll, CrashMode::Random(fail_at)] {
+            let (dev, store, opts) = store();
+            let expected = fill(&store);
+            dev.fail_nth(FaultKind::Write, fail_at);
+            let _ = store.clean_now();
+            let crashed = Arc::new(dev.crash(mode));
+            std::mem::forget(store);
+            let after = Store::open_on(crashed, opts.clone()).unwrap();
+            check(&after, &expected, &format!("write {fail_at} failed, {mode:?}"));
+            assert_eq!(after.stats().read_errors, 0);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! The planner applied by the engine: on a volume that cannot hold what is put, contexts read
+//! often keep their form while cold ones are recompressed (lossy only where the namespace
+//! allows) or dropped, by admission and by cleaning; every read returns the block's own bytes or
+//! one of the forms the planner's codecs make of them, never anything else.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kvhoard_engine::device::MemDevice;
+use kvhoard_engine::placement::planner::{PlannerConfig, StoreOption};
+use kvhoard_engine::placement::{Planned, PlannedConfig};
+use kvhoard_engine::{
+    Clock, CodecSpec, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions,
+};
+use kvhoard_kernels::synth::Synth;
+use kvhoard_kernels::{Codec, CpuCodec, KvShape};
+
+const SEG: u64 = 1 << 20;
+const SEGMENTS: u64 = 16;
+
+fn shape() -> KvShape {
+    KvShape::kv_2ltd(kvhoard_engine::format::Dtype::Bf16, 2, 64, 2, 64)
+}
+
+fn q(bits: u8) -> CodecSpec {
+    CodecSpec::quant(bits, 32, 0)
+}
+
+/// What `spec` makes of `bytes`.
+fn through(spec: CodecSpec, bytes: &[u8]) -> Vec<u8> {
+    let mut codec = CpuCodec::new(spec).unwrap();
+    let mut frame = vec![0u8; codec.max_payload_size(&shape())];
+    let c = codec.compress(&kvhoard_kernels::Block::new(shape(), bytes), &mut frame).unwrap();
+    let mut out = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
+    let d = CpuCodec::decoder().decompress(&c.params, &c.shape, &frame[..c.len], &mut out).unwrap();
+    out.truncate(d.len);
+    out
+}
+
+/// Bytes a record of `spec`'s form of a sample block takes on the log ÷ the block's bytes (a
+/// header unit, the payload in whole units), as a served volume's planner measures it.
+fn ratio(spec: Option<CodecSpec>) -> f64 {
+    let raw = Synth::for_desc(shape(), 7).generate();
+    let stored = match spec {
+        None => raw.len(),
+        Some(spec) => {
+            let mut codec = CpuCodec::new(spec).unwrap();
+            let mut frame = vec![0u8; codec.max_payload_size(&shape())];
+            codec.compress(&kvhoard_kernels::Block::new(shape(), &raw), &mut frame).unwrap().len
+        }
+    };
+    (stored.div_ceil(4096) + 1) as f64 * 4096.0 / raw.len() as f64
+}
+
+fn planned(clock: Clock) -> Arc<Planned> {
+    let option = |spec, delay_s, lossy| StoreOption { ratio: ratio(spec), delay_s, lossy };
+    let config = PlannedConfig {
+        planner: PlannerConfig {
+            alpha: 0.05,
+            half_life_ms: 600_000,
+            budget_bytes: u64::MAX,
+            options: vec![
+                option(None, 0.011, false),
+                option(Some(CodecSpec::lossless(1)), 0.009, false),
+                option(Some(q(8)), 0.006, true),
+                option(Some(q(4)), 0.004, true),
+                StoreOption { ratio: 0.0, delay_s: 0.017, lossy: false },
+            ],
+        },
+        codecs: vec![None, Some(CodecSpec::lossless(1)), Some(q(8)), Some(q(4))],
+        quality: vec![1.0, 1.0, 0.99, 0.9, 1.0],
+    };
+    Arc::new(Planned::new(config, clock))
+}
+
+#[test]
+fn the_engine_keeps_hot_contexts_and_compresses_or_drops_cold_ones() {
+    let now = Arc::new(AtomicU64::new(1_700_000_000_000));
+    let clock = Clock::manual(Arc::clone(&now));
+    let planner = planned(clock.clone());
+    let dev = Arc::new(MemDevice::new(SEG * (SEGMENTS + 3)));
+    let opts = StoreOptions { placement: planner.clone(), clock, ..StoreOptions::default() };
+    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    planner.set_budget(store.stats().capacity_bytes * 7 / 10);
+    store.set_policy("lossy", Policy { codec: None, lossy: true }).unwrap();
+
+    let bytes_of = |group: u64, i: u64| Synth::for_desc(shape(), group * 16 + i + 1).generate();
+    let key = |group: u64, i: u64| format!("g{group}-{i}");
+    let put = |ns: &str, group: u64| {
+        let blocks: Vec<(String, Vec<u8>)> = (0..4).map(|i| (key(group, i), bytes_of(group, i))).collect();
+        let items: Vec<(&str, &[u8])> = blocks.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
+        let opts = PutOptions {
+            durability: Durability::Written,
+            desc: Some(shape().desc()),
+            group: Some(group),
+            ..PutOptions::default()
+        };
+        store.put_batch(ns, &items, &opts).unwrap();
+    };
+    // Every read: the block's own bytes or a form the planner's codecs make of them.
+    let check = |ns: &str, group: u64, i: u64| -> Option<bool> {
+        let got = store.get(ns, &key(group, i), ReadOptions { verify_hash: true }).unwrap()?;
+        let original = bytes_of(group, i);
+        if got[..] == original[..] {
+            return Some(true);
+        }
+        assert_eq!(ns, "lossy", "{ns}/{}: a lossy form where the namespace denies lossy codecs", key(group, i));
+        let q8 = through(q(8), &original);
+        let forms = [through(q(8), &original), through(q(4), &original), through(q(4), &q8)];
+        assert!(forms.iter().any(|f| f[..] == got[..]), "{}: bytes of no form of the block", key(group, i));
+        Some(false)
+    };
+    let hot: Vec<u64> = (0..4).collect();
+    let mut next = 100;
+    for round in 0..12u64 {
+        for ns in ["lossy", "strict"] {
+            for &g in &hot {
+                if round == 0 {
+                    put(ns, g);
+                }
+                for i in 0..4 {
+                    check(ns, g, i);
+                }
+            }
+            for _ in 0..6 {
+                put(ns, next);
+                next += 1;
+            }
+        }
+        now.fetch_add(1_000, Ordering::Relaxed);
+        for _ in 0..2 {
+            store.clean_now().unwrap();
+        }
+    }
+    let stats = store.stats();
+    assert!(stats.recompressed_records + stats.compressed > 0, "nothing compressed: {stats:?}");
+    assert_eq!(stats.read_errors, 0);
+    // The hot contexts, read every round, are all still there.
+    for ns in ["lossy", "strict"] {
+        for &g in &hot {
+            for i in 0..4 {
+                assert!(
+                    check(ns, g, i).is_some(),
+                    "{ns}/{} was read every round but is gone: {stats:?} {:?}",
+                    key(g, i),
+                    planner.stats()
+                );
+            }
+        }
+    }
+    // Cold contexts gave way: some dropped, the rest within the volume.
+    let cold_left = (100..next).filter(|&g| check("lossy", g, 0).is_some() || check("strict", g, 0).is_some()).count();
+    assert!(cold_left < (next - 100) as usize, "no cold context was dropped");
+    let planner_stats = planner.stats();
+    assert!(planner_stats.planned_bytes <= planner_stats.budget_bytes, "{planner_stats:?}");
+}

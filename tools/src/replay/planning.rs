@@ -1,0 +1,194 @@
+//! The placement planner's options, from measured codec facts and what loads and recomputes
+//! cost: one definition for the simulator, the engine under replay, and a served or mounted
+//! volume (`--placement planner`).
+
+use std::sync::Arc;
+
+use anyhow::bail;
+use kvhoard_engine::placement::planner::{PlannerConfig, StoreOption};
+use kvhoard_engine::placement::{Placement, Planned, PlannedConfig};
+use kvhoard_engine::{Clock, CodecSpec, Store};
+
+use super::model::{CodecFacts, Gpu, Profile, PROFILES, SENSITIVITY_LEVELS};
+use super::trace::BLOCK_TOKENS;
+
+/// Codecs the planner chooses among (besides raw and dropping): every one a whole-block reader
+/// can serve.
+pub const PLANNER_CODECS: [&str; 4] = ["lossless", "quant:bits=8", "quant:bits=4", "quant:bits=2"];
+/// The planner's α unless told: a block's whole quality is worth 50 ms of delay, three times
+/// what recomputing it costs (an 8B model's 512 tokens on the default GPU: 17 ms).
+pub const DEFAULT_ALPHA: f64 = 0.05;
+/// Half-life of a context's access count under the planner.
+pub const PLANNER_HALF_LIFE_MS: u64 = 600_000;
+/// Share of the volume the planner fills: cleaning keeps every block the planner keeps, and at
+/// 85 % it wrote 1.3-2.9 bytes per byte put on the shared trace, at 70 % 0.5-1.0.
+pub const PLANNER_FILL: f64 = 0.7;
+/// Log read bandwidth a served volume's planner assumes unless told (`--planner-ssd-gbps`): a
+/// data-centre NVMe drive's large reads.
+pub const DEFAULT_SSD_GBPS: f64 = 3.0;
+
+/// What loading and recomputing a block cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Costs {
+    /// Bytes of one block.
+    pub raw_block: u64,
+    /// Log reads, bytes per second.
+    pub ssd_bps: f64,
+    /// Cores decoding at once.
+    pub decode_cores: f64,
+    /// Seconds to recompute a block (the prefill of its tokens).
+    pub recompute_s: f64,
+}
+
+impl Costs {
+    /// A served model's blocks ([`BLOCK_TOKENS`] tokens of `model`), recomputed on `gpu`.
+    pub fn serving(model: &Profile, gpu: &Gpu, ssd_bps: f64) -> Costs {
+        Costs {
+            raw_block: model.bytes_per_token() * BLOCK_TOKENS,
+            ssd_bps,
+            decode_cores: std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64,
+            recompute_s: gpu.prefill_s(model, BLOCK_TOKENS),
+        }
+    }
+}
+
+/// The planner's options for `facts` (raw first): each codec as a load from the log and a
+/// decode, then dropped (recomputed); and the quality estimates it may see, per sensitivity
+/// level, per option.
+pub fn planner_config(
+    alpha: f64,
+    facts: &[CodecFacts],
+    costs: &Costs,
+    budget_bytes: u64,
+) -> (PlannerConfig, Vec<Vec<f64>>) {
+    let mut options: Vec<StoreOption> = facts
+        .iter()
+        .map(|f| {
+            let stored = costs.raw_block as f64 * f.ratio;
+            let decode = costs.raw_block as f64 / (f.decode_bps * costs.decode_cores.max(1.0));
+            StoreOption {
+                ratio: f.ratio,
+                delay_s: stored / costs.ssd_bps + decode,
+                lossy: f.spec.is_some_and(|c| c.is_lossy()),
+            }
+        })
+        .collect();
+    options.push(StoreOption { ratio: 0.0, delay_s: costs.recompute_s, lossy: false });
+    let estimates =
+        (0..SENSITIVITY_LEVELS).map(|level| facts.iter().map(|f| f.estimate[level]).chain([1.0]).collect()).collect();
+    (PlannerConfig { alpha, half_life_ms: PLANNER_HALF_LIFE_MS, budget_bytes, options }, estimates)
+}
+
+/// The engine's planned placement over `config`: each option's codec from `facts`, and for
+/// contexts without a profile the mean of the `estimates` over sensitivity levels.
+pub fn planned(config: PlannerConfig, estimates: &[Vec<f64>], facts: &[CodecFacts], clock: Clock) -> Planned {
+    let levels = estimates.len().max(1) as f64;
+    let quality = (0..config.options.len())
+        .map(|o| estimates.iter().map(|e| e.get(o).copied().unwrap_or(1.0)).sum::<f64>() / levels)
+        .collect();
+    let codecs = facts.iter().map(|f| f.spec).collect();
+    Planned::new(PlannedConfig { planner: config, codecs, quality }, clock)
+}
+
+/// Raw, then the planner's codecs, measured on this machine.
+pub fn planner_facts() -> anyhow::Result<Vec<CodecFacts>> {
+    let mut facts = vec![CodecFacts::raw()];
+    for spec in PLANNER_CODECS {
+        facts.push(CodecFacts::measure(CodecSpec::parse(spec)?)?);
+    }
+    Ok(facts)
+}
+
+/// How a served or mounted volume decides where its blocks live (`--placement`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PlacementChoice {
+    /// The oldest segment reclaimed whole when the volume is full.
+    Fifo,
+    /// A cleaner keeps the blocks read since their write, ahead of need.
+    Lru,
+    /// The planner decides per context: kept as put, recompressed, or dropped.
+    Planner {
+        /// Seconds of delay a unit of quality is worth, per block.
+        alpha: f64,
+    },
+}
+
+impl PlacementChoice {
+    /// Parses `fifo`, `lru`, `planner` or `planner:alpha=SECS`.
+    pub fn parse(text: &str) -> anyhow::Result<PlacementChoice> {
+        let text = text.trim();
+        if let Some(rest) = text.strip_prefix("planner") {
+            let alpha = match rest.strip_prefix(":alpha=") {
+                Some(a) => match a.parse::<f64>() {
+                    Ok(a) if a.is_finite() && a >= 0.0 => a,
+                    _ => bail!("{text:?}: alpha must be a number of seconds, e.g. planner:alpha=0.5"),
+                },
+                None if rest.is_empty() => DEFAULT_ALPHA,
+                None => bail!("unknown placement {text:?}; use fifo, lru, planner or planner:alpha=SECS"),
+            };
+            return Ok(PlacementChoice::Planner { alpha });
+        }
+        match text {
+            "fifo" => Ok(PlacementChoice::Fifo),
+            "lru" => Ok(PlacementChoice::Lru),
+            _ => bail!("unknown placement {text:?}; use fifo, lru, planner or planner:alpha=SECS"),
+        }
+    }
+}
+
+/// A placement built for a volume, and its planner when it has one (told the volume's size once
+/// it is open).
+pub struct Placed {
+    /// What the store consults.
+    pub placement: Arc<dyn Placement>,
+    planned: Option<Arc<Planned>>,
+}
+
+impl Placed {
+    /// Builds `choice`; a planner's decode speeds are measured here (about a second), its
+    /// recompute cost is that of [`PROFILES`]' first model on the default GPU.
+    pub fn build(choice: PlacementChoice, ssd_gbps: f64, clock: Clock) -> anyhow::Result<Placed> {
+        Ok(match choice {
+            PlacementChoice::Fifo => Placed { placement: Arc::new(kvhoard_engine::placement::Fifo), planned: None },
+            PlacementChoice::Lru => {
+                Placed { placement: Arc::new(kvhoard_engine::placement::Lru::new(clock)), planned: None }
+            }
+            PlacementChoice::Planner { alpha } => {
+                if !(ssd_gbps.is_finite() && ssd_gbps > 0.0) {
+                    bail!("--planner-ssd-gbps {ssd_gbps}: give the log's read bandwidth in GB/s, e.g. 3");
+                }
+                let facts = planner_facts()?;
+                let costs = Costs::serving(&PROFILES[0], &Gpu::default(), ssd_gbps * 1e9);
+                // The budget is the volume's, known once it is open.
+                let (config, estimates) = planner_config(alpha, &facts, &costs, u64::MAX);
+                let planned = Arc::new(planned(config, &estimates, &facts, clock));
+                Placed { placement: Arc::clone(&planned) as Arc<dyn Placement>, planned: Some(planned) }
+            }
+        })
+    }
+
+    /// `store` is open: the planner keeps its decisions within [`PLANNER_FILL`] of it.
+    pub fn opened(&self, store: &Store) {
+        if let Some(planned) = &self.planned {
+            let capacity = store.stats().capacity_bytes;
+            planned.set_budget((capacity as f64 * PLANNER_FILL) as u64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_parse_and_bad_ones_say_why() {
+        assert_eq!(PlacementChoice::parse("lru").unwrap(), PlacementChoice::Lru);
+        assert_eq!(PlacementChoice::parse("fifo").unwrap(), PlacementChoice::Fifo);
+        assert_eq!(PlacementChoice::parse("planner").unwrap(), PlacementChoice::Planner { alpha: DEFAULT_ALPHA });
+        assert_eq!(PlacementChoice::parse("planner:alpha=0.5").unwrap(), PlacementChoice::Planner { alpha: 0.5 });
+        let err = PlacementChoice::parse("planner:alpha=-1").unwrap_err().to_string();
+        assert!(err.contains("alpha must be a number"), "{err}");
+        let err = PlacementChoice::parse("random").unwrap_err().to_string();
+        assert!(err.contains("use fifo, lru, planner"), "{err}");
+    }
+}
