@@ -152,6 +152,12 @@ pub(crate) fn check_frame(
     Ok(())
 }
 
+/// The codec a stored block's record holds it in, `None` for its bytes as they were put (and
+/// for a codec this build does not know).
+pub(crate) fn stored_codec(desc: &BlockDesc, raw_len: u64, meta: &CompressionMeta) -> Option<CodecSpec> {
+    spec_of(desc, raw_len, meta).filter(|s| !s.is_raw())
+}
+
 /// The codec of a stored block, read from its codec area.
 pub(crate) fn spec_of(desc: &BlockDesc, raw_len: u64, meta: &CompressionMeta) -> Option<CodecSpec> {
     if meta.is_none() {

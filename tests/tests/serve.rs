@@ -530,6 +530,62 @@ fn metrics_over_http() {
         assert!(text.contains(needle), "missing {needle:?}");
     }
     assert!(http("/").starts_with("HTTP/1.1 404"));
+    let plan = http("/plan");
+    assert!(plan.starts_with("HTTP/1.1 404") && plan.contains("no planner"), "{plan}");
+}
+
+#[test]
+fn a_planners_view_is_served_as_json() {
+    use kvhoard_engine::placement::planner::{PlannerConfig, StoreOption};
+    use kvhoard_engine::placement::{Planned, PlannedConfig};
+    let option = |ratio, delay_s, lossy| StoreOption { ratio, delay_s, lossy };
+    let planned = Arc::new(Planned::new(
+        PlannedConfig {
+            planner: PlannerConfig {
+                alpha: 0.05,
+                half_life_ms: 600_000,
+                budget_bytes: 128 << 20,
+                options: vec![option(1.0, 0.01, false), option(0.7, 0.009, false), option(0.0, 0.017, false)],
+            },
+            codecs: vec![None, Some(kvhoard_engine::CodecSpec::lossless(1))],
+            quality: vec![1.0, 1.0, 1.0],
+        },
+        kvhoard_engine::Clock::default(),
+    ));
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let create = CreateOptions { capacity_bytes: Some(256 << 20), segment_size_bytes: 64 << 20 };
+    let opts = StoreOptions { placement: planned, ..StoreOptions::default() };
+    let store = Arc::new(Store::create(&dir.path().join("vol"), &create, opts).unwrap());
+    let running = kvhoard_serve::start(Arc::clone(&store), options()).unwrap();
+    let mut c = connect(running.addrs().lm.unwrap());
+    for (i, key) in ["m@1@0@aa@bfloat16", "m@1@0@bb@bfloat16"].iter().enumerate() {
+        lm_put(&mut c, key, &CHUNK, &chunk_bytes(i as u8, 2 << 20));
+    }
+    let http = |path: &str| {
+        let mut s = connect(running.addrs().metrics.unwrap());
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    // An lm:// PUT has no reply: the blocks are stored just after; ask until both are, for a
+    // bounded time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        let reply = http("/plan?limit=1");
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n") && reply.contains("application/json"), "{reply}");
+        let view: serde_json::Value = serde_json::from_str(reply.split_once("\r\n\r\n").unwrap().1).unwrap();
+        if view["report"]["contexts"] == 2 || Instant::now() > deadline {
+            break view;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let names: Vec<&str> = view["options"].as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["as put", "lossless:level=1", "dropped"], "{view}");
+    assert_eq!(view["report"]["policy"], "planner");
+    assert_eq!(view["report"]["contexts"], 2, "a key without a group is a context of its own: {view}");
+    assert_eq!(view["contexts"].as_array().unwrap().len(), 1, "limit=1: {view}");
+    running.shutdown(Duration::from_secs(5));
 }
 
 #[test]

@@ -89,11 +89,13 @@ pub enum Command {
         #[command(subcommand)]
         what: TraceCommand,
     },
-    /// Plan capacity for a trace.
+    /// Plan capacity for a trace, or see what a server's placement planner decides.
     ///
     /// `kvhoard plan capacity --trace T`: the Pareto frontier of memory and storage cost, mean
     /// TTFT and throughput over DRAM size × SSD size × TTL, each point a simulator replay of the
     /// whole trace, found by an adaptive search (or `--grid`, every point). docs/replay.md.
+    /// `kvhoard plan live ADDR`: the contexts, options and next steps of a server run with
+    /// `--placement planner --metrics ADDR`. docs/placement.md.
     Plan {
         #[command(subcommand)]
         what: PlanCommand,
@@ -414,5 +416,10 @@ pub enum TraceCommand {
 pub enum PlanCommand {
     /// The DRAM, SSD and TTL a trace needs: the frontier of cost against mean TTFT and
     /// throughput, its hypervolume, and how many configurations the search evaluated.
-    Capacity(crate::replay::plan::CapacityArgs),
+    Capacity(Box<crate::replay::plan::CapacityArgs>),
+    /// What a running server's placement planner decides: its options, the contexts used most
+    /// with each option's utility (the next cleaning keeps each context's blocks as its option
+    /// says: as put, recompressed, or dropped), and the steps it takes next if over budget. Read
+    /// from the server's metrics endpoint (`GET /plan`).
+    Live(crate::commands::plan_live::LiveArgs),
 }

@@ -32,6 +32,7 @@ fn main() -> ExitCode {
         Command::Ns { action } => commands::ns::run(&action, opts),
         Command::Replay(args) => replay::run(&args, opts),
         Command::Plan { what: cli::PlanCommand::Capacity(args) } => replay::plan::run(&args, opts),
+        Command::Plan { what: cli::PlanCommand::Live(args) } => commands::plan_live::run(&args),
         Command::Trace { what: cli::TraceCommand::Generate(args) } => replay::generate::generate(&args),
         Command::Trace { what: cli::TraceCommand::Stats { trace, json } } => {
             replay::generate::print_stats(&trace, json)

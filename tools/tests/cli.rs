@@ -306,3 +306,35 @@ fn serve_stops_cleanly_on_sigterm_and_keeps_what_it_stored() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--allow-remote"));
 }
+
+#[test]
+fn plan_live_reads_a_servers_planner_or_says_why_it_cannot() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let vol = p(&vol);
+    ok(&["init", vol, "--capacity", "64MiB", "--segment-size", "4MiB"]);
+    // A server without a planner: `plan live` says so.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvhoard"))
+        .args(["serve", vol, "--resp", "0", "--metrics", "0", "--dram-tier", "0"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let start = line.find("http://").unwrap_or_else(|| panic!("no metrics address in {line:?}")) + "http://".len();
+    let metrics = line[start..].split('/').next().unwrap().to_string();
+    let out = kvhoard(&["plan", "live", &metrics]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("404") && stderr.contains("--placement planner"), "{stderr}");
+    // SAFETY: kill sends a signal to the child's pid; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    // Nobody listening: it says where it tried and what to run.
+    let out = kvhoard(&["plan", "live", &metrics]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot reach"), "{stderr}");
+}

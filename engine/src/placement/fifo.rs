@@ -1,6 +1,6 @@
 //! The baseline placement: what a cache without a planner does.
 
-use super::{BlockInfo, Placement, PutPlan, SegmentView};
+use super::{BlockInfo, Placement, PlacementReport, PutPlan, SegmentView};
 
 /// Every block goes to the DRAM tier (which evicts the least recently used), and a full volume
 /// reclaims its oldest segment, dropping what it holds. The planner is measured against this.
@@ -25,6 +25,10 @@ impl Placement for Fifo {
 
     fn victim(&self, candidates: &[SegmentView]) -> u32 {
         Fifo::oldest(candidates).unwrap_or(0)
+    }
+
+    fn report(&self) -> PlacementReport {
+        PlacementReport { policy: "fifo".into(), ..PlacementReport::default() }
     }
 }
 

@@ -4,7 +4,7 @@
 //! dropped with the cold ones around it; one never read again ages out. (CacheLib's flash cache
 //! calls this reinsertion.) The DRAM tier holds what is put and read, least recently used out.
 
-use super::{cost_benefit, BlockInfo, Keep, LiveBlock, Placement, PutPlan, SegmentView};
+use super::{cost_benefit, BlockInfo, Keep, LiveBlock, Placement, PlacementReport, PutPlan, SegmentView};
 use crate::clock::Clock;
 
 /// See the module documentation.
@@ -43,6 +43,10 @@ impl Placement for Lru {
         } else {
             Keep::Drop
         }
+    }
+
+    fn report(&self) -> PlacementReport {
+        PlacementReport { policy: "lru".into(), ..PlacementReport::default() }
     }
 }
 

@@ -32,7 +32,7 @@ pub mod planner;
 pub use cost_benefit::cost_benefit;
 pub use fifo::Fifo;
 pub use lru::Lru;
-pub use planned::{Planned, PlannedConfig, PlannedStats};
+pub use planned::{Planned, PlannedConfig};
 
 use kvhoard_kernels::CodecSpec;
 
@@ -67,6 +67,9 @@ pub struct BlockInfo<'a> {
     pub new_key: bool,
     /// Whether its namespace allows lossy codecs.
     pub lossy: bool,
+    /// The codec its record is stored with (`None`: as it was put). At a put that names no
+    /// codec, before it is compressed ([`Placement::codec_at_put`]), always `None`.
+    pub codec: Option<CodecSpec>,
 }
 
 /// A sealed segment as placement sees it.
@@ -117,6 +120,47 @@ pub enum Keep {
     Recompress(CodecSpec),
 }
 
+/// What a placement says of itself, in the store's statistics.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct PlacementReport {
+    /// Which placement: `fifo`, `lru`, `planner`, or a name of its own.
+    pub policy: String,
+    /// Contexts a planner knows (0 for others).
+    pub contexts: u64,
+    /// Bytes a planner counts as kept.
+    pub planned_bytes: u64,
+    /// The bytes a planner keeps them within.
+    pub budget_bytes: u64,
+    /// CPU seconds spent deciding.
+    pub cpu_s: f64,
+}
+
+/// What a planner decides, for people (`kvhoard plan live`, `GET /plan`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PlanView {
+    /// Its options, in order: the codec's name (`as put` for the first, `dropped` for the last),
+    /// stored bytes ÷ raw bytes, seconds to load and decode a block (to recompute one, dropped).
+    pub options: Vec<OptionView>,
+    /// Its totals.
+    pub report: PlacementReport,
+    /// The contexts accessed most, with each option's utility; what the next cleaning does with
+    /// a context's blocks is its option: keep as put, recompress, or drop.
+    pub contexts: Vec<planner::ContextView>,
+    /// The steps the next rebalance takes, cheapest first, if the bytes go over budget.
+    pub next_steps: Vec<planner::StepView>,
+}
+
+/// One option of a planner.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OptionView {
+    /// `as put`, a codec spec, or `dropped`.
+    pub name: String,
+    /// Stored bytes ÷ raw bytes.
+    pub ratio: f64,
+    /// Seconds to load and decode a block (for `dropped`: to recompute it).
+    pub delay_s: f64,
+}
+
 /// Where a put block goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PutPlan {
@@ -152,6 +196,18 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     fn keep(&self, block: &LiveBlock<'_>) -> Keep {
         let _ = block;
         Keep::Drop
+    }
+
+    /// What it says of itself in the store's statistics.
+    fn report(&self) -> PlacementReport {
+        PlacementReport { policy: "custom".into(), ..PlacementReport::default() }
+    }
+
+    /// What it decides, for people: its `limit` most used contexts and next steps (`None` for a
+    /// placement without a planner).
+    fn plan_view(&self, limit: usize) -> Option<PlanView> {
+        let _ = limit;
+        None
     }
 
     /// A get found the block (in the DRAM tier or on the log).

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use kvhoard_kernels::CodecSpec;
 
 use super::planner::{Planner, PlannerConfig};
-use super::{BlockInfo, Keep, LiveBlock, Lru, Placement, PutPlan, SegmentView};
+use super::{BlockInfo, Keep, LiveBlock, Lru, OptionView, Placement, PlacementReport, PlanView, PutPlan, SegmentView};
 use crate::clock::Clock;
 
 /// A planned volume's options: the planner's configuration and the codec of each option.
@@ -52,7 +52,19 @@ struct State {
     profiles: HashMap<u64, Vec<f64>>,
     /// Time spent deciding.
     cpu: Duration,
+    /// Per option, since its ratio was last set: (record bytes, raw bytes, blocks) of the puts
+    /// stored in its form.
+    observed: Vec<(u64, u64, u64)>,
+    /// Puts since the ratios were last compared with what was stored.
+    puts_since_check: u64,
 }
+
+/// Puts between two comparisons of the options' ratios with the records stored.
+const RATIO_CHECK_EVERY: u64 = 1024;
+/// Blocks of an option's form a comparison needs.
+const RATIO_MIN_BLOCKS: u64 = 32;
+/// Relative difference from which an option's ratio is replaced by the one measured.
+const RATIO_TOLERANCE: f64 = 0.05;
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -64,19 +76,6 @@ pub struct Planned {
     clock: Clock,
 }
 
-/// What a planned volume's placement has done, for `kvhoard plan` and metrics.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PlannedStats {
-    /// Contexts known.
-    pub contexts: usize,
-    /// Bytes the planner counts as kept.
-    pub planned_bytes: u64,
-    /// Its budget.
-    pub budget_bytes: u64,
-    /// CPU time spent deciding.
-    pub cpu: Duration,
-}
-
 impl Planned {
     /// A planned placement reading time from `clock` (the store's).
     pub fn new(config: PlannedConfig, clock: Clock) -> Planned {
@@ -85,6 +84,8 @@ impl Planned {
             last_access: HashMap::new(),
             profiles: HashMap::new(),
             cpu: Duration::ZERO,
+            observed: Vec::new(),
+            puts_since_check: 0,
         };
         Planned {
             state: Mutex::new(state),
@@ -137,17 +138,6 @@ impl Planned {
         self.lock().planner.option_of(context)
     }
 
-    /// What it has done so far.
-    pub fn stats(&self) -> PlannedStats {
-        let state = self.lock();
-        PlannedStats {
-            contexts: state.planner.contexts(),
-            planned_bytes: state.planner.stored_bytes(),
-            budget_bytes: state.planner.config().budget_bytes,
-            cpu: state.cpu,
-        }
-    }
-
     /// The quality of each option for `block`'s context: its profile, or the configuration's
     /// estimates; -inf (never chosen) for a lossy option where its namespace denies lossy codecs.
     fn quality_of(&self, state: &State, block: &BlockInfo<'_>) -> Vec<f64> {
@@ -187,9 +177,48 @@ impl Planned {
     }
 }
 
+impl Planned {
+    /// Counts what a put's record takes in its form, and every [`RATIO_CHECK_EVERY`] puts
+    /// replaces an option's ratio that is off by more than [`RATIO_TOLERANCE`] by the one
+    /// measured, so that the planner's byte count follows what the volume holds (a rescoring,
+    /// O(contexts), at most once per that many puts).
+    fn observe(&self, block: &BlockInfo<'_>) {
+        let Some(option) = self.codecs.iter().position(|c| *c == block.codec) else { return };
+        let started = Instant::now();
+        let mut state = self.lock();
+        let state = &mut *state;
+        if state.observed.len() < self.codecs.len() {
+            state.observed.resize(self.codecs.len(), (0, 0, 0));
+        }
+        if let Some(o) = state.observed.get_mut(option) {
+            *o = (o.0 + block.record_bytes, o.1 + block.raw_bytes, o.2 + 1);
+        }
+        state.puts_since_check += 1;
+        if state.puts_since_check < RATIO_CHECK_EVERY {
+            return;
+        }
+        state.puts_since_check = 0;
+        for (k, o) in state.observed.iter_mut().enumerate() {
+            let (record, raw, blocks) = *o;
+            if blocks < RATIO_MIN_BLOCKS || raw == 0 {
+                continue;
+            }
+            let measured = record as f64 / raw as f64;
+            let assumed = state.planner.config().options.get(k).map_or(0.0, |o| o.ratio);
+            if assumed > 0.0 && (measured / assumed - 1.0).abs() > RATIO_TOLERANCE {
+                tracing::debug!(option = k, assumed, measured, "planner: an option's ratio follows what was stored");
+                state.planner.set_ratio(k, measured);
+            }
+            *o = (0, 0, 0);
+        }
+        state.cpu += started.elapsed();
+    }
+}
+
 impl Placement for Planned {
     fn on_put(&self, block: &BlockInfo<'_>) -> PutPlan {
         self.access(block, u64::from(block.new_key));
+        self.observe(block);
         self.lru.on_put(block)
     }
 
@@ -212,6 +241,41 @@ impl Placement for Planned {
 
     fn victim(&self, candidates: &[SegmentView]) -> u32 {
         self.lru.victim(candidates)
+    }
+
+    fn plan_view(&self, limit: usize) -> Option<PlanView> {
+        let now = self.clock.now_unix_ms();
+        let state = self.lock();
+        let config = state.planner.config();
+        let dropped = config.options.len().saturating_sub(1);
+        let options = config
+            .options
+            .iter()
+            .enumerate()
+            .map(|(k, o)| OptionView {
+                name: match self.codecs.get(k) {
+                    _ if k == dropped => "dropped".into(),
+                    Some(Some(spec)) => spec.to_string(),
+                    _ => "as put".into(),
+                },
+                ratio: o.ratio,
+                delay_s: o.delay_s,
+            })
+            .collect();
+        let (contexts, next_steps) = state.planner.view(now, limit);
+        drop(state);
+        Some(PlanView { options, report: self.report(), contexts, next_steps })
+    }
+
+    fn report(&self) -> PlacementReport {
+        let state = self.lock();
+        PlacementReport {
+            policy: "planner".into(),
+            contexts: state.planner.contexts() as u64,
+            planned_bytes: state.planner.stored_bytes(),
+            budget_bytes: state.planner.config().budget_bytes,
+            cpu_s: state.cpu.as_secs_f64(),
+        }
     }
 
     fn cleans(&self) -> bool {
@@ -278,6 +342,7 @@ mod tests {
             context,
             new_key: true,
             lossy: true,
+            codec: None,
         }
     }
 
@@ -309,7 +374,7 @@ mod tests {
         for _ in 0..8 {
             p.on_put(&info(2));
         }
-        let stats = p.stats();
+        let stats = p.report();
         assert_eq!(stats.contexts, 2);
         assert!(stats.planned_bytes <= 1_200, "rebalanced at the put that went over: {stats:?}");
         assert_eq!(p.keep(&live(1, 0)), Keep::Relocate, "the hot context stays as it is");
@@ -317,6 +382,29 @@ mod tests {
         // A context it never saw (a restart) is kept as LRU keeps it.
         assert_eq!(p.keep(&live(9, 0)), Keep::Drop);
         assert_eq!(p.keep(&live(9, 2)), Keep::Relocate);
+    }
+
+    #[test]
+    fn the_planner_counts_bytes_as_the_records_take_them() {
+        // Raw records take 1.25 their blocks' bytes (a header unit on small blocks): after
+        // enough puts the planner counts them so, and fits its budget by what is really stored.
+        let (p, now) = planned(u64::MAX);
+        for c in 0..(RATIO_CHECK_EVERY / 4) {
+            now.store(1_000 + c, Ordering::Relaxed);
+            for _ in 0..4 {
+                p.on_put(&BlockInfo { record_bytes: 125, ..info(c) });
+            }
+        }
+        let r = p.report();
+        assert_eq!(r.planned_bytes, RATIO_CHECK_EVERY * 125, "{r:?}");
+        let view = p.plan_view(3).unwrap();
+        assert_eq!(
+            view.options.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(),
+            ["as put", "quant:bits=8,group=32,residual=0", "dropped"]
+        );
+        assert_eq!(view.contexts.len(), 3);
+        assert!(view.contexts.windows(2).all(|w| w[0].freq >= w[1].freq), "most used first");
+        assert!(view.next_steps.windows(2).all(|w| w[0].loss_per_byte <= w[1].loss_per_byte), "cheapest first");
     }
 
     #[test]
@@ -339,7 +427,7 @@ mod tests {
         now.store(3_000, Ordering::Relaxed);
         p.on_put(&info(2));
         p.on_put(&info(3));
-        assert_eq!(p.option_of(1), 2, "{:?}", p.stats());
+        assert_eq!(p.option_of(1), 2, "{:?}", p.report());
     }
 
     #[test]
@@ -356,7 +444,7 @@ mod tests {
                 p.on_hit(&info(c));
             }
         }
-        assert!(p.stats().planned_bytes <= 1_200);
+        assert!(p.report().planned_bytes <= 1_200);
         // Bytes are dear now: a new context, used once, is admitted compressed.
         now.store(5_000, Ordering::Relaxed);
         assert_eq!(p.codec_at_put(&info(7)), Some(CodecSpec::quant(8, 32, 0)));
@@ -374,7 +462,7 @@ mod tests {
                 p.on_put(&strict(c));
             }
         }
-        assert!(p.stats().planned_bytes <= 1_200);
+        assert!(p.report().planned_bytes <= 1_200);
         for c in 20..40 {
             let keep = p.keep(&LiveBlock { lossy: false, ..live(c, 0) });
             assert!(matches!(keep, Keep::Relocate | Keep::Drop), "context {c}: {keep:?}");

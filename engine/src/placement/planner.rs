@@ -102,6 +102,40 @@ pub struct Change {
     pub option: usize,
 }
 
+/// One context as the planner sees it now.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ContextView {
+    /// The context.
+    pub context: u64,
+    /// Blocks it holds.
+    pub blocks: u64,
+    /// Bytes of one of its blocks as put.
+    pub block_bytes: u64,
+    /// The option its blocks are kept with.
+    pub option: usize,
+    /// Its decayed access count now.
+    pub freq: f64,
+    /// Per option: the quality it keeps for this context.
+    pub quality: Vec<f64>,
+    /// Per option: its utility for the whole context now, `(α · quality − delay) · freq · blocks`.
+    pub utility: Vec<f64>,
+}
+
+/// A step the next rebalance would take if the kept bytes were over budget.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StepView {
+    /// The context it changes.
+    pub context: u64,
+    /// Its option now.
+    pub from: usize,
+    /// The option it would move to.
+    pub to: usize,
+    /// Utility lost per byte freed, now.
+    pub loss_per_byte: f64,
+    /// Bytes it would free.
+    pub bytes_freed: u64,
+}
+
 /// See the module documentation.
 #[derive(Debug, Clone)]
 pub struct Planner {
@@ -259,6 +293,48 @@ impl Planner {
         self.stored_bytes > self.config.budget_bytes as f64
     }
 
+    /// The `limit` contexts worth most now (by access count), and the first `limit` steps a
+    /// rebalance would take, cheapest first. O(contexts log contexts): for people, not for the
+    /// put path.
+    pub fn view(&self, now_ms: u64, limit: usize) -> (Vec<ContextView>, Vec<StepView>) {
+        let ln_now = now_ms as f64 / self.config.half_life_ms.max(1) as f64 * std::f64::consts::LN_2;
+        let freq_now = |c: &Context| (c.ln_freq - ln_now).exp();
+        let mut contexts: Vec<(&u64, &Context)> = self.contexts.iter().collect();
+        contexts.sort_by(|a, b| b.1.ln_freq.total_cmp(&a.1.ln_freq).then(a.0.cmp(b.0)));
+        let views = contexts
+            .iter()
+            .take(limit)
+            .map(|(id, c)| ContextView {
+                context: **id,
+                blocks: c.blocks,
+                block_bytes: c.raw_bytes,
+                option: c.option,
+                freq: freq_now(c),
+                quality: c.quality.clone(),
+                utility: (0..self.config.options.len())
+                    .map(|k| self.utility(c, k) * freq_now(c) * c.blocks as f64)
+                    .collect(),
+            })
+            .collect();
+        let mut steps: Vec<StepView> = self
+            .contexts
+            .iter()
+            .filter_map(|(id, c)| {
+                let (to, key) = self.next_step(c)?;
+                Some(StepView {
+                    context: *id,
+                    from: c.option,
+                    to,
+                    loss_per_byte: (key - ln_now).exp(),
+                    bytes_freed: (self.bytes(c, c.option) - self.bytes(c, to)).max(0.0) as u64,
+                })
+            })
+            .collect();
+        steps.sort_by(|a, b| a.loss_per_byte.total_cmp(&b.loss_per_byte).then(a.context.cmp(&b.context)));
+        steps.truncate(limit);
+        (views, steps)
+    }
+
     /// Sets `context`'s quality per option (a new profile, or one corrected by what a client
     /// observed): its steps are scored again; its access count is unchanged. Nothing for a
     /// context never touched.
@@ -321,13 +397,29 @@ impl Planner {
         }
         // Stale entries pile up as contexts are touched: rebuild when they dominate.
         if self.heap.len() > 4 * self.contexts.len() + 1024 {
-            let ids: Vec<u64> = self.contexts.keys().copied().collect();
-            self.heap.clear();
-            for id in ids {
-                self.push(id);
-            }
+            self.rebuild_heap();
         }
         changes
+    }
+
+    fn rebuild_heap(&mut self) {
+        let ids: Vec<u64> = self.contexts.keys().copied().collect();
+        self.heap.clear();
+        for id in ids {
+            self.push(id);
+        }
+    }
+
+    /// Stored bytes ÷ raw bytes of `option` is `ratio` (measured on what was stored): every
+    /// context's bytes are counted again and every step scored again, O(contexts).
+    pub fn set_ratio(&mut self, option: usize, ratio: f64) {
+        let Some(o) = self.config.options.get_mut(option) else { return };
+        if o.ratio == 0.0 || !(ratio.is_finite() && ratio > 0.0) {
+            return; // "dropped" stays dropped; a nonsense ratio is not taken
+        }
+        o.ratio = ratio;
+        self.stored_bytes = self.contexts.values().map(|c| self.bytes(c, c.option)).sum();
+        self.rebuild_heap();
     }
 }
 

@@ -61,6 +61,10 @@ fn run_while_short(parts: &Parts, control: &CleanerControl) {
     }
 }
 
+/// Longest a writer waits for the background cleaner's segment before it goes on (and a
+/// segment may be reclaimed whole): a cleaning that takes longer is stuck on the device.
+const WAIT_FOR_CLEANER: Duration = Duration::from_secs(2);
+
 impl Parts {
     /// Before a write: when placement cleans and free segments run short, wakes the cleaner,
     /// and when only one is left, cleans one right here (the writer waits for the cleaner
@@ -77,7 +81,12 @@ impl Parts {
             self.cleaner.wake();
         }
         if free <= 1 {
-            clean_one(self)?;
+            // Clean one here; when the background cleaner is already cleaning one, wait for it
+            // (it frees a segment soon) rather than go on and have a segment reclaimed whole.
+            let deadline = Instant::now() + WAIT_FOR_CLEANER;
+            while clean_one(self)?.is_none() && self.log.lock().cleaning.is_some() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use super::submit::{WriteJob, PARALLEL_MIN_BYTES};
 use super::Store;
 use crate::buffer::{BufferPool, PooledBuf};
+use crate::codec::stored_codec;
 use crate::error::{Result, StoreError};
 use crate::index::{header_fp, key_fp, ContentEntry, ContentFp, KeyFp};
 use crate::log::{Loc, LogState, Pos};
@@ -290,6 +291,7 @@ impl Parts {
             context: context_of(header.group_id, &header.namespace, &header.key),
             new_key,
             lossy: self.policies.get(&header.namespace).lossy,
+            codec: stored_codec(&header.desc, header.raw_len, &header.compression),
         };
         let dram = !fresh || self.placement.on_put(&info).dram;
         if self.tiers.dram.is_none() {

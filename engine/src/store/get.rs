@@ -17,6 +17,7 @@ use kvhoard_format::UNIT_BYTES;
 use super::decode::Dropped;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
+use crate::codec::stored_codec;
 use crate::error::{Result, StoreError};
 use crate::index::{bytes_prefix, content_fp, header_fp, is_expired, key_fp, ContentEntry, KeyFp};
 use crate::log::scan::check_payload;
@@ -267,6 +268,7 @@ impl Parts {
             context: context_of(meta.group_id, namespace, key),
             new_key: false,
             lossy: self.policies.get(namespace).lossy,
+            codec: stored_codec(&meta.desc, meta.raw_len, &meta.compression),
         });
     }
 
@@ -439,6 +441,7 @@ impl Parts {
             context: context_of(header.group_id, &header.namespace, &header.key),
             new_key: false,
             lossy: self.policies.get(&header.namespace).lossy,
+            codec: stored_codec(&header.desc, header.raw_len, &header.compression),
         };
         if self.placement.on_load(&info) {
             self.tiers.admit(buf, header, entry.fp, entry.record);

@@ -25,6 +25,9 @@ impl Stats {
             ("logical_bytes", "Sum of the sizes of the keys' blocks.", self.logical_bytes),
             ("unique_bytes", "Raw bytes of the distinct blocks.", self.unique_bytes),
             ("index_memory_bytes", "Memory of the in-memory index.", self.index_memory_bytes),
+            ("placement_contexts", "Contexts the placement planner knows.", self.placement.contexts),
+            ("placement_planned_bytes", "Bytes the placement planner counts as kept.", self.placement.planned_bytes),
+            ("placement_budget_bytes", "Bytes the placement planner keeps them within.", self.placement.budget_bytes),
             ("segments_free", "Segments free for writing.", u64::from(self.segments_free)),
             ("pinned_keys", "Keys pinned against reclaim.", self.pinned_keys),
             (

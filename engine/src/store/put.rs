@@ -56,6 +56,7 @@ impl Store {
                         context: context_of(opts.group, namespace, &header.key),
                         new_key: true,
                         lossy: policy.lossy,
+                        codec: None,
                     })
                 });
                 match placed.map(|spec| policy.codec_for(namespace, Some(spec))) {

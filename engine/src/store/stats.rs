@@ -1,5 +1,6 @@
 //! The `stats()` snapshot: what every layer counts, in one structure.
 
+use crate::placement::PlacementReport;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvhoard_format::UNIT_BYTES;
@@ -127,9 +128,17 @@ pub struct Stats {
     pub tiers: Vec<TierStats>,
     /// Why writes are refused, if they are.
     pub poisoned: Option<String>,
+    /// What placement says of itself (a planner: its contexts, bytes and budget).
+    pub placement: PlacementReport,
 }
 
 impl Store {
+    /// What placement's planner decides now, for people: its `limit` most used contexts and the
+    /// next steps it would take (`None` for a placement without a planner).
+    pub fn plan_view(&self, limit: usize) -> Option<crate::placement::PlanView> {
+        self.parts.placement.plan_view(limit)
+    }
+
     /// The store's state and counters now.
     pub fn stats(&self) -> Stats {
         let parts = &self.parts;
@@ -242,6 +251,7 @@ impl Store {
             recovery: parts.recovery.clone(),
             tiers,
             poisoned,
+            placement: parts.placement.report(),
         }
     }
 }

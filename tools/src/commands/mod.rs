@@ -11,6 +11,7 @@ pub mod keys;
 pub mod ls;
 pub mod mount;
 pub mod ns;
+pub mod plan_live;
 pub mod serve;
 pub mod signals;
 pub mod stat;

@@ -246,7 +246,7 @@ impl Cache for EngineCache {
             stored_bytes: s.live_bytes * self.scale,
             // The engine does not account how long blocks lived.
             byte_seconds: 0.0,
-            planner_cpu_s: self.planned.as_ref().map_or(0.0, |(p, _)| p.stats().cpu.as_secs_f64()),
+            planner_cpu_s: s.placement.cpu_s,
             recompressed: s.recompressed_records,
             // Drops by a decision and by age are one count in the engine (evictions).
             planner_drops: 0,

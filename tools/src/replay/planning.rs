@@ -23,9 +23,9 @@ pub const PLANNER_HALF_LIFE_MS: u64 = 600_000;
 /// Share of the volume the planner fills: cleaning keeps every block the planner keeps, and at
 /// 85 % it wrote 1.3-2.9 bytes per byte put on the shared trace, at 70 % 0.5-1.0.
 pub const PLANNER_FILL: f64 = 0.7;
-/// Log read bandwidth a served volume's planner assumes unless told (`--planner-ssd-gbps`): a
-/// data-centre NVMe drive's large reads.
-pub const DEFAULT_SSD_GBPS: f64 = 3.0;
+/// Log read bandwidth assumed unless told (`--planner-ssd-gbps`, the replay's `--ssd-gbps`):
+/// one PCIe 4 NVMe drive's large reads.
+pub const DEFAULT_SSD_GBPS: f64 = 6.0;
 
 /// What loading and recomputing a block cost.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -426,6 +426,7 @@ impl Cache for SimCache {
                 context: e.group,
                 new_key: false,
                 lossy: true,
+                codec: self.facts(e.codec).spec,
             };
             let in_dram = self.dram.get(&Self::fp(id), loc).is_some();
             lookup.load_s += decode
@@ -479,6 +480,7 @@ impl Cache for SimCache {
                 context: group,
                 new_key: true,
                 lossy: true,
+                codec: self.facts(codec).spec,
             };
             if let (Some(e), true) = (e, self.placement.on_put(&info).dram) {
                 self.dram.insert(Self::fp(id), Loc { segment: e.segment, unit: e.unit }, e.record - UNIT, ());

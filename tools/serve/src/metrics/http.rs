@@ -1,5 +1,7 @@
-//! A minimal HTTP/1.1 endpoint for Prometheus: `GET /metrics` answers the metrics, anything else
-//! 404 or 405, one request per connection. Prometheus scrapes this; nothing else needs more.
+//! A minimal HTTP/1.1 endpoint for Prometheus: `GET /metrics` answers the metrics, `GET
+//! /plan[?limit=N]` what the placement planner decides (JSON; `kvhoard plan live` reads it),
+//! anything else 404 or 405, one request per connection. Prometheus scrapes this; nothing else
+//! needs more.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,16 +44,23 @@ fn request_line(head: &[u8]) -> Option<(&str, &str)> {
 async fn answer(mut stream: TcpStream, shared: Arc<Shared>) {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
-    let (status, body) = loop {
+    let (status, kind, body) = loop {
         if let Some((method, path)) = request_line(&head) {
-            break match (method, path.split('?').next().unwrap_or(path)) {
-                ("GET", "/metrics") => ("200 OK", render(&shared).await),
-                ("GET", _) => ("404 Not Found", "not found: metrics are at /metrics\n".to_string()),
-                _ => ("405 Method Not Allowed", "only GET /metrics\n".to_string()),
+            let (route, query) = path.split_once('?').unwrap_or((path, ""));
+            break match (method, route) {
+                ("GET", "/metrics") => ("200 OK", PROMETHEUS, render(&shared).await),
+                ("GET", "/plan") => match plan(&shared, query).await {
+                    Some(json) => ("200 OK", JSON, json),
+                    None => {
+                        ("404 Not Found", TEXT, "no planner: this server runs without --placement planner\n".into())
+                    }
+                },
+                ("GET", _) => ("404 Not Found", TEXT, "not found: metrics are at /metrics, the plan at /plan\n".into()),
+                _ => ("405 Method Not Allowed", TEXT, "only GET /metrics and GET /plan\n".to_string()),
             };
         }
         if head.len() >= HEAD_MAX {
-            break ("431 Request Header Fields Too Large", String::new());
+            break ("431 Request Header Fields Too Large", TEXT, String::new());
         }
         match tokio::time::timeout(READ_TIMEOUT, stream.read(&mut chunk)).await {
             Ok(Ok(n)) if n > 0 => head.extend_from_slice(chunk.get(..n).unwrap_or_default()),
@@ -59,11 +68,33 @@ async fn answer(mut stream: TcpStream, shared: Arc<Shared>) {
         }
     };
     let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = tokio::time::timeout(READ_TIMEOUT, stream.write_all(reply.as_bytes())).await;
     let _ = stream.shutdown().await;
+}
+
+const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
+/// Contexts and steps `/plan` lists unless `limit=N` says.
+const PLAN_LIMIT: usize = 20;
+/// The most `limit=N` may ask for: the view sorts every context, and this bounds its reply.
+const PLAN_LIMIT_MAX: usize = 10_000;
+
+/// The planner's view as JSON, `None` without a planner. `query` may hold `limit=N`.
+async fn plan(shared: &Arc<Shared>, query: &str) -> Option<String> {
+    let limit = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("limit="))
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(PLAN_LIMIT)
+        .min(PLAN_LIMIT_MAX);
+    let store = Arc::clone(&shared.store);
+    // The view sorts the planner's contexts under its lock: off the network threads.
+    let view = tokio::task::spawn_blocking(move || store.plan_view(limit)).await.ok()??;
+    serde_json::to_string_pretty(&view).ok()
 }
 
 async fn render(shared: &Arc<Shared>) -> String {

@@ -1,0 +1,133 @@
+//! `kvhoard plan live ADDR`: what a running server's placement planner decides, read from its
+//! metrics endpoint (`GET /plan`, `kvhoard serve --metrics ADDR --placement planner`).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+/// Longest a server may take to answer.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `kvhoard plan live`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LiveArgs {
+    /// The server's metrics address (its --metrics): PORT (on 127.0.0.1), HOST:PORT or
+    /// [IPv6]:PORT.
+    pub addr: String,
+    /// Contexts and steps to list.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub limit: usize,
+    /// Print the planner's view as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &LiveArgs) -> anyhow::Result<ExitCode> {
+    let addr = super::serve::parse_addr(&args.addr)?;
+    let body = get(addr, &format!("/plan?limit={}", args.limit))?;
+    let view: Value = serde_json::from_str(&body).context("the server's /plan is not JSON")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", render(&view));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The body of `GET path` from `addr`; an answer other than 200 is an error with its text.
+fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT)
+        .with_context(|| format!("cannot reach {addr}: is `kvhoard serve --metrics {addr}` running?"))?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).with_context(|| format!("{addr} did not answer in {TIMEOUT:?}"))?;
+    let (head, body) = reply.split_once("\r\n\r\n").with_context(|| format!("{addr} sent no HTTP answer"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200 ") {
+        bail!("{addr} answered {status}: {}", body.trim());
+    }
+    Ok(body.to_string())
+}
+
+/// The view for people: the options, the totals, the contexts used most and the next steps.
+fn render(view: &Value) -> String {
+    let options: Vec<&str> = view["options"]
+        .as_array()
+        .map_or(Vec::new(), |o| o.iter().map(|o| o["name"].as_str().unwrap_or("?")).collect());
+    let name = |k: &Value| k.as_u64().and_then(|k| options.get(k as usize).copied()).unwrap_or("?");
+    let report = &view["report"];
+    let mut out = format!(
+        "planner: {} contexts, {} of {} budget kept, {:.3} s of CPU deciding\n\noptions:\n",
+        report["contexts"],
+        crate::size::human(report["planned_bytes"].as_u64().unwrap_or(0)),
+        crate::size::human(report["budget_bytes"].as_u64().unwrap_or(0)),
+        report["cpu_s"].as_f64().unwrap_or(0.0),
+    );
+    for o in view["options"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {:<16} ratio {:.3}  delay {:.1} ms\n",
+            o["name"].as_str().unwrap_or("?"),
+            o["ratio"].as_f64().unwrap_or(0.0),
+            o["delay_s"].as_f64().unwrap_or(0.0) * 1e3
+        ));
+    }
+    out.push_str("\ncontexts used most (the next cleaning keeps each as its option says):\n");
+    out.push_str(&format!(
+        "  {:<16} {:>7} {:>10} {:>9}  {:<16} {:>12}\n",
+        "context", "blocks", "block", "freq", "option", "utility"
+    ));
+    for c in view["contexts"].as_array().into_iter().flatten() {
+        let option = c["option"].as_u64().unwrap_or(0) as usize;
+        out.push_str(&format!(
+            "  {:016x} {:>7} {:>10} {:>9.3}  {:<16} {:>12.4}\n",
+            c["context"].as_u64().unwrap_or(0),
+            c["blocks"].as_u64().unwrap_or(0),
+            crate::size::human(c["block_bytes"].as_u64().unwrap_or(0)),
+            c["freq"].as_f64().unwrap_or(0.0),
+            name(&c["option"]),
+            c["utility"].get(option).and_then(Value::as_f64).unwrap_or(0.0),
+        ));
+    }
+    out.push_str("\nnext steps if over budget (cheapest first):\n");
+    for s in view["next_steps"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {:016x} {} -> {}: frees {}, loses {:.3e} per byte\n",
+            s["context"].as_u64().unwrap_or(0),
+            name(&s["from"]),
+            name(&s["to"]),
+            crate::size::human(s["bytes_freed"].as_u64().unwrap_or(0)),
+            s["loss_per_byte"].as_f64().unwrap_or(0.0),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn a_view_is_rendered_with_option_names() {
+        let view = serde_json::json!({
+            "options": [
+                {"name": "as put", "ratio": 1.0, "delay_s": 0.011},
+                {"name": "quant:bits=8", "ratio": 0.53, "delay_s": 0.006},
+                {"name": "dropped", "ratio": 0.0, "delay_s": 0.017}
+            ],
+            "report": {"policy": "planner", "contexts": 2, "planned_bytes": 3145728, "budget_bytes": 4194304, "cpu_s": 0.002},
+            "contexts": [{"context": 255, "blocks": 3, "block_bytes": 1048576, "option": 1, "freq": 2.0,
+                          "quality": [1.0, 0.99, 1.0], "utility": [0.1, 0.09, 0.05]}],
+            "next_steps": [{"context": 255, "from": 1, "to": 2, "loss_per_byte": 1e-9, "bytes_freed": 1572864}]
+        });
+        let text = render(&view);
+        assert!(text.contains("planner: 2 contexts, 3.0 MiB of 4.0 MiB budget kept"), "{text}");
+        assert!(text.contains("00000000000000ff       3    1.0 MiB     2.000  quant:bits=8"), "{text}");
+        assert!(text.contains("quant:bits=8 -> dropped: frees 1.5 MiB"), "{text}");
+    }
+}
