@@ -168,3 +168,41 @@ fn a_crash_or_write_error_while_cleaning_recompresses_leaves_one_form_or_the_oth
         }
     }
 }
+
+#[test]
+fn cleaning_keeps_lossy_forms_as_they_are_and_the_rest_of_a_ttl() {
+    let (_dev, store, _) = store();
+    let q4 = CodecSpec::quant(4, 32, 0);
+    let bytes = Synth::for_desc(shape(), 500).generate();
+    let put = |key: &str, codec: Option<CodecSpec>, ttl_secs: Option<u32>| {
+        let opts = PutOptions {
+            durability: Durability::Synced,
+            desc: Some(shape().desc()),
+            group: Some(0), // placement asks for quant8
+            codec,
+            ttl_secs,
+            ..PutOptions::default()
+        };
+        store.put("lossy", key, &bytes, &opts).unwrap();
+    };
+    put("q4", Some(q4), None);
+    put("ttl", None, Some(3600));
+    // Later blocks, so that the segment holding these two is sealed and cleaned first.
+    let expected = fill(&store);
+    for _ in 0..2 {
+        store.clean_now().unwrap();
+    }
+    assert!(store.stats().recompressed_records > 0);
+    let got = store.get("lossy", "q4", ReadOptions::default()).unwrap().unwrap();
+    assert!(got.meta.codec().starts_with("quant:bits=4"), "a lossy form is final: {}", got.meta.codec());
+    let mut codec = CpuCodec::new(q4).unwrap();
+    let mut frame = vec![0u8; codec.max_payload_size(&shape())];
+    let c = codec.compress(&kvhoard_kernels::Block::new(shape(), &bytes), &mut frame).unwrap();
+    let mut want = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
+    let d = CpuCodec::decoder().decompress(&c.params, &c.shape, &frame[..c.len], &mut want).unwrap();
+    assert!(got[..] == want[..d.len], "quant4 of the original, not of anything else");
+    let got = store.get("lossy", "ttl", ReadOptions::default()).unwrap().unwrap();
+    assert!(got.meta.codec().starts_with("quant:bits=8"), "{}", got.meta.codec());
+    assert!((3590..=3600).contains(&got.meta.ttl_secs), "the rest of its TTL: {}", got.meta.ttl_secs);
+    check(&store, &expected, "after cleaning");
+}

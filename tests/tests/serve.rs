@@ -539,19 +539,22 @@ fn a_planners_view_is_served_as_json() {
     use kvhoard_engine::placement::planner::{PlannerConfig, StoreOption};
     use kvhoard_engine::placement::{Planned, PlannedConfig};
     let option = |ratio, delay_s, lossy| StoreOption { ratio, delay_s, lossy };
-    let planned = Arc::new(Planned::new(
-        PlannedConfig {
-            planner: PlannerConfig {
-                alpha: 0.05,
-                half_life_ms: 600_000,
-                budget_bytes: 128 << 20,
-                options: vec![option(1.0, 0.01, false), option(0.7, 0.009, false), option(0.0, 0.017, false)],
+    let planned = Arc::new(
+        Planned::new(
+            PlannedConfig {
+                planner: PlannerConfig {
+                    alpha: 0.05,
+                    half_life_ms: 600_000,
+                    budget_bytes: 128 << 20,
+                    options: vec![option(1.0, 0.01, false), option(0.7, 0.009, false), option(0.0, 0.017, false)],
+                },
+                codecs: vec![None, Some(kvhoard_engine::CodecSpec::lossless(1))],
+                quality: vec![1.0, 1.0, 1.0],
             },
-            codecs: vec![None, Some(kvhoard_engine::CodecSpec::lossless(1))],
-            quality: vec![1.0, 1.0, 1.0],
-        },
-        kvhoard_engine::Clock::default(),
-    ));
+            kvhoard_engine::Clock::default(),
+        )
+        .unwrap(),
+    );
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let create = CreateOptions { capacity_bytes: Some(256 << 20), segment_size_bytes: 64 << 20 };
     let opts = StoreOptions { placement: planned, ..StoreOptions::default() };

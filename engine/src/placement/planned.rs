@@ -4,11 +4,13 @@
 //! - **Accesses.** A put or a get of a context's block is an access of the context; puts and
 //!   gets of one context at the same millisecond (a batch) are one access. A put under a key
 //!   that named no block adds a block to its context (a dropped context starts again from
-//!   none). Blocks reclaim drops whole with a segment, when cleaning falls behind, stay counted
-//!   until their context is dropped or used again.
+//!   none). A put whose bytes were already stored (a link) adds nothing. Blocks that reclaim
+//!   drops whole with a segment, when cleaning falls behind, stay counted until their context is
+//!   dropped.
 //! - **Admission.** A put that names no codec is stored with the codec of its context's option
 //!   (for a new or dropped context, the option admission gives it at the current price of a
-//!   byte), asked once per batch.
+//!   byte), asked once per batch whose blocks are one context (a batch with a group, or one
+//!   block); other batches take the namespace's codec.
 //! - **Cleaning.** A cleaner emptying a segment keeps each live block as its context's option
 //!   says: as it is, recompressed with that option's codec, or dropped. Placement therefore
 //!   never rewrites a block the cleaner would not have read anyway: a context whose option
@@ -17,10 +19,17 @@
 //!   ([`Planned::set_profile`]), else the configuration's estimate for the codec.
 //!
 //! What the planner knows lives in memory (about 150 bytes per context: the context, its
-//! profile when one is set, and its place in the heap). After a restart it knows no context
-//! until one is used again; a cleaner meets blocks of contexts it does not know and keeps them as
-//! [`Lru`] does (those read since their write). Victims are chosen by cost-benefit, and the DRAM
-//! tier holds what is put and read, as with [`Lru`].
+//! profile when one is set, and its place in the heap), at most [`MAX_CONTEXTS`] of them: past
+//! that, dropped contexts are forgotten. After a restart it knows no context until one is used
+//! again, and counts only the blocks it sees put or read; a cleaner meets blocks of contexts it
+//! does not know (or forgot) and keeps them as [`Lru`] does (those read since their write).
+//! Victims are chosen by cost-benefit, and the DRAM tier holds what is put and read, as with
+//! [`Lru`].
+//!
+//! Work: an access costs O(options + log contexts) plus, at a put over budget, the steps the
+//! rebalance takes. Every [`RATIO_CHECK_EVERY`] puts, maintenance (ratios, forgetting) may rescore
+//! every context, O(contexts): it runs where a put asks for its codec or a cleaner for a
+//! block's fate, never under the log lock.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -31,6 +40,7 @@ use kvhoard_kernels::CodecSpec;
 use super::planner::{Planner, PlannerConfig};
 use super::{BlockInfo, Keep, LiveBlock, Lru, OptionView, Placement, PlacementReport, PlanView, PutPlan, SegmentView};
 use crate::clock::Clock;
+use crate::error::{Result, StoreError};
 
 /// A planned volume's options: the planner's configuration and the codec of each option.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +75,8 @@ const RATIO_CHECK_EVERY: u64 = 1024;
 const RATIO_MIN_BLOCKS: u64 = 32;
 /// Relative difference from which an option's ratio is replaced by the one measured.
 const RATIO_TOLERANCE: f64 = 0.05;
+/// Contexts kept before dropped ones are forgotten (about 150 MB of planner state).
+pub const MAX_CONTEXTS: usize = 1 << 20;
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -77,8 +89,33 @@ pub struct Planned {
 }
 
 impl Planned {
-    /// A planned placement reading time from `clock` (the store's).
-    pub fn new(config: PlannedConfig, clock: Clock) -> Planned {
+    /// A planned placement reading time from `clock` (the store's). Refuses a configuration
+    /// whose codecs and qualities do not match its options, or whose last option is not
+    /// "dropped" (ratio 0).
+    pub fn new(config: PlannedConfig, clock: Clock) -> Result<Planned> {
+        let options = &config.planner.options;
+        let last_dropped = options.last().is_some_and(|o| o.ratio == 0.0);
+        let kept_fit =
+            options.iter().rev().skip(1).all(|o| o.ratio.is_finite() && o.ratio > 0.0 && o.delay_s.is_finite());
+        if options.len() < 2 || !last_dropped || !kept_fit {
+            return Err(StoreError::invalid(
+                "planner",
+                "its options must be ways of keeping blocks (ratio above 0, finite delays), then \"dropped\" (ratio 0)",
+            ));
+        }
+        if config.codecs.len() + 1 != options.len() || config.quality.len() != options.len() {
+            return Err(StoreError::invalid(
+                "planner",
+                format!(
+                    "{} options need {} codecs and {} qualities; got {} and {}",
+                    options.len(),
+                    options.len() - 1,
+                    options.len(),
+                    config.codecs.len(),
+                    config.quality.len()
+                ),
+            ));
+        }
         let state = State {
             planner: Planner::new(config.planner),
             last_access: HashMap::new(),
@@ -87,13 +124,13 @@ impl Planned {
             observed: Vec::new(),
             puts_since_check: 0,
         };
-        Planned {
+        Ok(Planned {
             state: Mutex::new(state),
             codecs: config.codecs,
             quality: config.quality,
             lru: Lru::new(clock.clone()),
             clock,
-        }
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -121,8 +158,12 @@ impl Planned {
         }
         let option = state.planner.option_of(context);
         let factor = (observed / assumed).clamp(0.0, 1.0);
-        let dropped = state.planner.config().options.len().saturating_sub(1);
-        let mut quality = state.profiles.get(&context).unwrap_or(&self.quality).clone();
+        let dropped = state.planner.dropped();
+        // From what the planner scores now: options closed to the context stay closed.
+        let mut quality = match state.planner.qualities(context) {
+            Some(q) => q.to_vec(),
+            None => return false,
+        };
         for (k, q) in quality.iter_mut().enumerate() {
             if k >= option && k < dropped {
                 *q *= factor;
@@ -152,15 +193,15 @@ impl Planned {
         self.lock().planner.set_budget(budget_bytes);
     }
 
-    /// Records an access of `block`'s context (`added` blocks put by it) and rebalances when the
-    /// kept bytes exceed the budget.
-    fn access(&self, block: &BlockInfo<'_>, added: u64) {
+    /// Records an access of `block`'s context (`added` blocks put by it) and, with `rebalance`,
+    /// rebalances when the kept bytes exceed the budget.
+    fn access(&self, block: &BlockInfo<'_>, added: u64, rebalance: bool) {
         let started = Instant::now();
         let now = self.clock.now_unix_ms();
         let mut state = self.lock();
         let state = &mut *state;
         // A dropped context's blocks are gone (or going): it starts again from what is put now.
-        let dropped = state.planner.config().options.len().saturating_sub(1);
+        let dropped = state.planner.dropped();
         let kept =
             if state.planner.option_of(block.context) == dropped { 0 } else { state.planner.blocks_of(block.context) };
         let blocks = kept + added;
@@ -170,7 +211,7 @@ impl Planned {
             let quality = self.quality_of(state, block);
             state.planner.touch(block.context, now, blocks.max(1), block.raw_bytes, &quality);
         }
-        if state.planner.over_budget() {
+        if rebalance && state.planner.over_budget() {
             state.planner.rebalance();
         }
         state.cpu += started.elapsed();
@@ -178,13 +219,9 @@ impl Planned {
 }
 
 impl Planned {
-    /// Counts what a put's record takes in its form, and every [`RATIO_CHECK_EVERY`] puts
-    /// replaces an option's ratio that is off by more than [`RATIO_TOLERANCE`] by the one
-    /// measured, so that the planner's byte count follows what the volume holds (a rescoring,
-    /// O(contexts), at most once per that many puts).
+    /// Counts what a put's record takes in its form.
     fn observe(&self, block: &BlockInfo<'_>) {
         let Some(option) = self.codecs.iter().position(|c| *c == block.codec) else { return };
-        let started = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
         if state.observed.len() < self.codecs.len() {
@@ -194,10 +231,26 @@ impl Planned {
             *o = (o.0 + block.record_bytes, o.1 + block.raw_bytes, o.2 + 1);
         }
         state.puts_since_check += 1;
+    }
+
+    /// Every [`RATIO_CHECK_EVERY`] puts: replaces an option's ratio that is off by more than
+    /// [`RATIO_TOLERANCE`] by the one measured, so that the planner's byte count follows what the
+    /// volume holds, and past [`MAX_CONTEXTS`] forgets the dropped contexts. Each rescores every
+    /// context, O(contexts).
+    fn maintain(&self) {
+        let started = Instant::now();
+        let mut state = self.lock();
+        let state = &mut *state;
         if state.puts_since_check < RATIO_CHECK_EVERY {
             return;
         }
         state.puts_since_check = 0;
+        if state.planner.contexts() > MAX_CONTEXTS {
+            for context in state.planner.forget_dropped() {
+                state.last_access.remove(&context);
+                state.profiles.remove(&context);
+            }
+        }
         for (k, o) in state.observed.iter_mut().enumerate() {
             let (record, raw, blocks) = *o;
             if blocks < RATIO_MIN_BLOCKS || raw == 0 {
@@ -217,7 +270,7 @@ impl Planned {
 
 impl Placement for Planned {
     fn on_put(&self, block: &BlockInfo<'_>) -> PutPlan {
-        self.access(block, u64::from(block.new_key));
+        self.access(block, u64::from(block.new_key), true);
         self.observe(block);
         self.lru.on_put(block)
     }
@@ -227,10 +280,12 @@ impl Placement for Planned {
     }
 
     fn on_hit(&self, block: &BlockInfo<'_>) {
-        self.access(block, 0);
+        // A hit may be answered on a network thread: no rebalance here (puts and cleaning do it).
+        self.access(block, 0, false);
     }
 
     fn codec_at_put(&self, block: &BlockInfo<'_>) -> Option<CodecSpec> {
+        self.maintain();
         let now = self.clock.now_unix_ms();
         let state = self.lock();
         let quality = self.quality_of(&state, block);
@@ -247,7 +302,7 @@ impl Placement for Planned {
         let now = self.clock.now_unix_ms();
         let state = self.lock();
         let config = state.planner.config();
-        let dropped = config.options.len().saturating_sub(1);
+        let dropped = state.planner.dropped();
         let options = config
             .options
             .iter()
@@ -283,6 +338,7 @@ impl Placement for Planned {
     }
 
     fn keep(&self, block: &LiveBlock<'_>) -> Keep {
+        self.maintain();
         let started = Instant::now();
         let mut state = self.lock();
         if state.planner.over_budget() {
@@ -330,7 +386,7 @@ mod tests {
             quality: vec![1.0, 0.98, 1.0],
         };
         let now = Arc::new(AtomicU64::new(1_000));
-        (Planned::new(config, Clock::manual(Arc::clone(&now))), now)
+        (Planned::new(config, Clock::manual(Arc::clone(&now))).unwrap(), now)
     }
 
     fn info(context: u64) -> BlockInfo<'static> {
@@ -395,6 +451,9 @@ mod tests {
                 p.on_put(&BlockInfo { record_bytes: 125, ..info(c) });
             }
         }
+        // Maintenance runs where a put asks for its codec (or a cleaner for a block's fate).
+        assert_eq!(p.report().planned_bytes, RATIO_CHECK_EVERY * 100);
+        p.codec_at_put(&info(0));
         let r = p.report();
         assert_eq!(r.planned_bytes, RATIO_CHECK_EVERY * 125, "{r:?}");
         let view = p.plan_view(3).unwrap();
@@ -405,6 +464,48 @@ mod tests {
         assert_eq!(view.contexts.len(), 3);
         assert!(view.contexts.windows(2).all(|w| w[0].freq >= w[1].freq), "most used first");
         assert!(view.next_steps.windows(2).all(|w| w[0].loss_per_byte <= w[1].loss_per_byte), "cheapest first");
+    }
+
+    #[test]
+    fn a_configuration_that_does_not_fit_its_options_is_refused() {
+        let base = || PlannedConfig {
+            planner: PlannerConfig {
+                alpha: 0.5,
+                half_life_ms: 1,
+                budget_bytes: 1,
+                options: vec![
+                    StoreOption { ratio: 1.0, delay_s: 0.01, lossy: false },
+                    StoreOption { ratio: 0.0, delay_s: 0.1, lossy: false },
+                ],
+            },
+            codecs: vec![None],
+            quality: vec![1.0, 1.0],
+        };
+        assert!(Planned::new(base(), Clock::default()).is_ok());
+        let mut c = base();
+        c.codecs.push(None);
+        assert!(Planned::new(c, Clock::default()).is_err(), "a codec too many");
+        let mut c = base();
+        c.quality.pop();
+        assert!(Planned::new(c, Clock::default()).is_err(), "a quality missing");
+        let mut c = base();
+        c.planner.options.pop();
+        assert!(Planned::new(c, Clock::default()).is_err(), "no dropped option");
+        let mut c = base();
+        c.planner.options[0].ratio = f64::NAN;
+        assert!(Planned::new(c, Clock::default()).is_err(), "a ratio that is not a number");
+    }
+
+    #[test]
+    fn a_quality_report_keeps_lossy_forms_closed_to_a_strict_namespace() {
+        let (p, now) = planned(u64::MAX);
+        let strict = BlockInfo { lossy: false, ..info(5) };
+        p.on_put(&strict);
+        now.store(2_000, Ordering::Relaxed);
+        assert!(p.report_quality(5, 0.5, 0.05), "below what raw was assumed to keep");
+        let state = p.lock();
+        let q = state.planner.qualities(5).unwrap();
+        assert_eq!(q[1], f64::NEG_INFINITY, "quant8 stays closed: {q:?}");
     }
 
     #[test]

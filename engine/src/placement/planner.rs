@@ -168,9 +168,37 @@ impl Planner {
         self.contexts.len()
     }
 
+    /// The index of the last option, "dropped".
+    pub fn dropped(&self) -> usize {
+        self.config.options.len().saturating_sub(1)
+    }
+
+    /// ln of an access's weight at `now_ms`: accesses count `2^(t / half-life)`, so that every
+    /// context's count decays by the same factor and the heap's order holds.
+    fn ln_time(&self, now_ms: u64) -> f64 {
+        now_ms as f64 / self.config.half_life_ms.max(1) as f64 * std::f64::consts::LN_2
+    }
+
+    /// `context`'s quality per option, as the planner scores it (`None` for one never seen).
+    pub fn qualities(&self, context: u64) -> Option<&[f64]> {
+        self.contexts.get(&context).map(|c| c.quality.as_slice())
+    }
+
+    /// Forgets every dropped context (it holds nothing the planner counts); returns them. For
+    /// bounding memory: a forgotten context's blocks still on the log are unknown to the planner.
+    pub fn forget_dropped(&mut self) -> Vec<u64> {
+        let dropped = self.dropped();
+        let gone: Vec<u64> = self.contexts.iter().filter(|(_, c)| c.option == dropped).map(|(id, _)| *id).collect();
+        for id in &gone {
+            self.contexts.remove(id);
+        }
+        self.rebuild_heap();
+        gone
+    }
+
     fn bytes(&self, c: &Context, option: usize) -> f64 {
         let ratio = self.config.options.get(option).map_or(0.0, |o| o.ratio);
-        (c.blocks * c.raw_bytes) as f64 * ratio
+        c.blocks as f64 * c.raw_bytes as f64 * ratio
     }
 
     /// Utility per block of `option` at unit frequency.
@@ -212,9 +240,9 @@ impl Planner {
     /// be), at `now_ms`, with `quality` the estimated quality of each option for it. A context
     /// that was dropped starts again from the first option.
     pub fn touch(&mut self, context: u64, now_ms: u64, blocks: u64, raw_bytes: u64, quality: &[f64]) {
-        let ln_now = now_ms as f64 / self.config.half_life_ms.max(1) as f64 * std::f64::consts::LN_2;
+        let ln_now = self.ln_time(now_ms);
         let before = self.contexts.get(&context).map(|c| (self.bytes(c, c.option), c.option));
-        let dropped = self.config.options.len().saturating_sub(1);
+        let dropped = self.dropped();
         let c = self.contexts.entry(context).or_insert(Context {
             blocks: 0,
             raw_bytes,
@@ -238,7 +266,7 @@ impl Planner {
             }
         }
         let Some(c) = self.contexts.get(&context) else { return };
-        let after = (c.blocks * c.raw_bytes) as f64 * self.config.options.get(c.option).map_or(0.0, |o| o.ratio);
+        let after = self.bytes(c, c.option);
         self.stored_bytes += after - before.map_or(0.0, |b| b.0);
         self.push(context);
     }
@@ -248,7 +276,7 @@ impl Planner {
     /// compress or drop is not written raw first. The first option before any step was taken.
     fn admission(&self, c: &Context) -> usize {
         let Some(ln_price) = self.ln_price else { return 0 };
-        let dropped = self.config.options.len().saturating_sub(1);
+        let dropped = self.dropped();
         let price = (ln_price - c.ln_freq).exp();
         (0..dropped)
             .map(|k| (k, self.utility(c, k) * c.blocks as f64 - price * self.bytes(c, k)))
@@ -261,11 +289,11 @@ impl Planner {
     /// stored with: the context's own, or, for a new or dropped one, the one admission gives it
     /// (as [`Planner::touch`] would). Changes nothing.
     pub fn option_for_put(&self, context: u64, now_ms: u64, blocks: u64, raw_bytes: u64, quality: &[f64]) -> usize {
-        let dropped = self.config.options.len().saturating_sub(1);
+        let dropped = self.dropped();
         if let Some(c) = self.contexts.get(&context).filter(|c| c.option != dropped) {
             return c.option;
         }
-        let ln_now = now_ms as f64 / self.config.half_life_ms.max(1) as f64 * std::f64::consts::LN_2;
+        let ln_now = self.ln_time(now_ms);
         let c = Context { blocks, raw_bytes, ln_freq: ln_now, quality: quality.to_vec(), option: 0, version: 0 };
         self.admission(&c)
     }
@@ -294,13 +322,18 @@ impl Planner {
     }
 
     /// The `limit` contexts worth most now (by access count), and the first `limit` steps a
-    /// rebalance would take, cheapest first. O(contexts log contexts): for people, not for the
-    /// put path.
+    /// rebalance would take, cheapest first. O(contexts + limit log limit): for people, not for
+    /// the put path.
     pub fn view(&self, now_ms: u64, limit: usize) -> (Vec<ContextView>, Vec<StepView>) {
-        let ln_now = now_ms as f64 / self.config.half_life_ms.max(1) as f64 * std::f64::consts::LN_2;
+        let ln_now = self.ln_time(now_ms);
         let freq_now = |c: &Context| (c.ln_freq - ln_now).exp();
         let mut contexts: Vec<(&u64, &Context)> = self.contexts.iter().collect();
-        contexts.sort_by(|a, b| b.1.ln_freq.total_cmp(&a.1.ln_freq).then(a.0.cmp(b.0)));
+        let order = |a: &(&u64, &Context), b: &(&u64, &Context)| b.1.ln_freq.total_cmp(&a.1.ln_freq).then(a.0.cmp(b.0));
+        if limit < contexts.len() {
+            contexts.select_nth_unstable_by(limit, order);
+            contexts.truncate(limit);
+        }
+        contexts.sort_by(order);
         let views = contexts
             .iter()
             .take(limit)
@@ -330,8 +363,13 @@ impl Planner {
                 })
             })
             .collect();
-        steps.sort_by(|a, b| a.loss_per_byte.total_cmp(&b.loss_per_byte).then(a.context.cmp(&b.context)));
-        steps.truncate(limit);
+        let order =
+            |a: &StepView, b: &StepView| a.loss_per_byte.total_cmp(&b.loss_per_byte).then(a.context.cmp(&b.context));
+        if limit < steps.len() {
+            steps.select_nth_unstable_by(limit, order);
+            steps.truncate(limit);
+        }
+        steps.sort_by(order);
         (views, steps)
     }
 
@@ -348,7 +386,7 @@ impl Planner {
     /// The quality the planner assumes `context`'s current option keeps (1 when dropped or
     /// unknown: recomputing loses nothing).
     pub fn quality_of(&self, context: u64) -> f64 {
-        let dropped = self.config.options.len().saturating_sub(1);
+        let dropped = self.dropped();
         match self.contexts.get(&context) {
             Some(c) if c.option != dropped => c.quality.get(c.option).copied().unwrap_or(1.0),
             _ => 1.0,

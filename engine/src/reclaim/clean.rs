@@ -10,8 +10,9 @@
 //! reserved: a key written or deleted meanwhile keeps its newer state. A recompressed block is the
 //! same block (same name, description, group, TTL) in another form, written under the same
 //! condition; only a block that one key names is recompressed (the others that name it would
-//! lose it with the segment), and one the namespace's policy or its form does not allow to be
-//! recoded (`store/recode.rs`) is relocated as it is.
+//! lose it with the segment; checked again when its record is reserved), a block stored lossy is
+//! never recoded by cleaning (its form is final), and one the namespace's policy does not allow
+//! to be recoded (`store/recode.rs`) is relocated as it is.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -24,6 +25,7 @@ use kvhoard_kernels::CodecSpec;
 use super::{choose_victim, free_victim, sealed_views};
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
+use crate::codec::stored_codec;
 use crate::error::{Result, StoreError};
 use crate::index::{header_fp, is_expired, key_fp, remaining_ttl, ContentFp, KeyFp};
 use crate::log::scan::{check_payload, read_summary};
@@ -271,48 +273,47 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     header.ttl_secs = remaining_ttl(r.header.created_unix_ms, r.header.ttl_secs, now);
     header.created_unix_ms = now;
     header.segment_seq = 0;
-    let recoded;
-    let stored;
-    let buf;
-    let mut recompressed_from = None;
-    let mut item = match r.block_at {
-        Some(loc) => {
-            let units = (r.header.record_bytes() / UNIT_BYTES) as usize;
-            let mut read = parts.pool.get(units * UNIT_BYTES as usize);
-            let offset = parts.log.sb.segment_offset(victim) + u64::from(loc.unit) * UNIT_BYTES;
-            parts.log.dev.read_at(&mut read, offset)?;
-            let on_disk = RecordHeader::decode(&read);
-            if !on_disk.as_ref().is_ok_and(|h| header_fp(h) == r.content) || check_payload(&r.header, &read).is_err() {
-                tracing::warn!(segment = victim, unit = loc.unit, "a block to relocate is damaged; dropping it");
-                return Ok(None);
-            }
-            let start = r.header.payload_offset() as usize;
-            let len = r.header.stored_len as usize;
-            buf = Arc::new(read);
-            let frame =
-                || Block::new(Bytes::Shared(Arc::clone(&buf)), start, len, BlockMeta::of(r.header.clone(), loc));
-            recoded = r.recode.and_then(|spec| recoded_form(parts, r, frame(), spec));
-            match &recoded {
-                Some((new_header, stored)) => {
-                    recompressed_from = Some(r.header.record_bytes());
-                    Prepared::replacing(new_header.clone(), stored, &parts.pool, r.kfp, r.content)
-                }
-                None => {
-                    header.kind = RecordKind::Block;
-                    stored = buf.get(start..start + len).unwrap_or_default();
-                    Prepared::replacing(header, stored, &parts.pool, r.kfp, r.content)
-                }
-            }
-        }
-        None => {
-            header.kind = RecordKind::Link;
-            header.stored_len = 0;
-            header.payload_crc = 0;
-            Prepared::without_payload(header, r.kfp, r.content, Some(r.kfp))
-        }
+    let Some(loc) = r.block_at else {
+        header.kind = RecordKind::Link;
+        header.stored_len = 0;
+        header.payload_crc = 0;
+        let item = Prepared::without_payload(header, r.kfp, r.content, Some(r.kfp));
+        return Ok(append(parts, item)?.map(|(end, bytes)| Written { end, bytes, recompressed_from: None }));
     };
+    let units = (r.header.record_bytes() / UNIT_BYTES) as usize;
+    let mut read = parts.pool.get(units * UNIT_BYTES as usize);
+    let offset = parts.log.sb.segment_offset(victim) + u64::from(loc.unit) * UNIT_BYTES;
+    parts.log.dev.read_at(&mut read, offset)?;
+    let on_disk = RecordHeader::decode(&read);
+    if !on_disk.as_ref().is_ok_and(|h| header_fp(h) == r.content) || check_payload(&r.header, &read).is_err() {
+        tracing::warn!(segment = victim, unit = loc.unit, "a block to relocate is damaged; dropping it");
+        return Ok(None);
+    }
+    let start = r.header.payload_offset() as usize;
+    let len = r.header.stored_len as usize;
+    let buf = Arc::new(read);
+    if let Some(spec) = r.recode {
+        let frame = Block::new(Bytes::Shared(Arc::clone(&buf)), start, len, BlockMeta::of(r.header.clone(), loc));
+        if let Some((new_header, stored)) = recoded_form(parts, r, frame, spec) {
+            // Only while this key alone names the block: a key that came to share it since the
+            // plan would lose it with the segment. Then it is relocated as it is, below.
+            let item = Prepared::replacing(new_header, &stored, &parts.pool, r.kfp, r.content).sole();
+            if let Some((end, bytes)) = append(parts, item)? {
+                return Ok(Some(Written { end, bytes, recompressed_from: Some(r.header.record_bytes()) }));
+            }
+        }
+    }
+    header.kind = RecordKind::Block;
+    let stored = buf.get(start..start + len).unwrap_or_default();
+    let item = Prepared::replacing(header, stored, &parts.pool, r.kfp, r.content);
+    Ok(append(parts, item)?.map(|(end, bytes)| Written { end, bytes, recompressed_from: None }))
+}
+
+/// Appends one record written again; `None` when its key no longer names what it replaces (or,
+/// for a recompressed block, another key names it too).
+fn append(parts: &Parts, mut item: Prepared<'_>) -> Result<Option<(Pos, u64)>> {
     match parts.append_written(std::slice::from_mut(&mut item)) {
-        Ok(Some(end)) => Ok(Some(Written { end, bytes: item.header.record_bytes(), recompressed_from })),
+        Ok(Some(end)) => Ok(Some((end, item.header.record_bytes()))),
         Ok(None) => Ok(None),
         Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => Ok(None),
         Err(e) => Err(e),
@@ -323,6 +324,13 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
 /// that form, or one its namespace's policy or its own form does not allow; said at debug
 /// level: placement asking for what the engine will not do is not a fault).
 fn recoded_form(parts: &Parts, r: &Relocation, frame: Block, spec: CodecSpec) -> Option<(RecordHeader, PooledBuf)> {
+    // A lossy form is final for cleaning: recoded again it would carry the name of that codec's
+    // form of the original bytes with other bytes (quant4 of quant8 is not quant4), and other
+    // keys' copies share that name.
+    let m = &frame.meta;
+    if stored_codec(&m.desc, m.raw_len, &m.compression).is_some_and(|c| c.is_lossy()) {
+        return None;
+    }
     match parts.recode(&r.namespace, &r.key, frame, spec) {
         Ok(Recoded::New { header, stored }) => Some((*header, stored)),
         Ok(Recoded::Same | Recoded::Gone) => None,

@@ -73,20 +73,22 @@ impl Parts {
         if !self.placement.cleans() {
             return Ok(());
         }
-        let free = {
+        let free = || {
             let state = self.log.lock();
             state.segments.iter().filter(|s| s.state == SegState::Free).count() as u32
         };
-        if free < free_target(self.log.sb.segment_count) {
+        if free() < free_target(self.log.sb.segment_count) {
             self.cleaner.wake();
         }
-        if free <= 1 {
-            // Clean one here; when the background cleaner is already cleaning one, wait for it
-            // (it frees a segment soon) rather than go on and have a segment reclaimed whole.
-            let deadline = Instant::now() + WAIT_FOR_CLEANER;
-            while clean_one(self)?.is_none() && self.log.lock().cleaning.is_some() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
+        // With one free segment left, clean one here; when the background cleaner is already
+        // cleaning one, wait for it (it frees a segment soon) rather than go on and have a
+        // segment reclaimed whole.
+        let deadline = Instant::now() + WAIT_FOR_CLEANER;
+        while free() <= 1 {
+            if clean_one(self)?.is_some() || self.log.lock().cleaning.is_none() || Instant::now() >= deadline {
+                break;
             }
+            std::thread::sleep(Duration::from_millis(1));
         }
         Ok(())
     }

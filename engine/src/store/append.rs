@@ -43,6 +43,9 @@ pub(crate) struct Prepared<'a> {
     /// the source key and the block linked (there are no bytes to store again if it changed);
     /// for a recompressed block, the key and its block before (a newer write is left alone).
     condition: Option<(KeyFp, ContentFp)>,
+    /// With a condition: the block must also be named by no other key (a block the cleaner
+    /// recompresses: the other keys would lose it with the segment it is cleaning).
+    sole: bool,
 }
 
 impl<'a> Prepared<'a> {
@@ -54,7 +57,7 @@ impl<'a> Prepared<'a> {
         source: Option<KeyFp>,
     ) -> Prepared<'a> {
         let condition = source.map(|s| (s, content));
-        Prepared { header, payload: &[], compressed: None, buf: None, key, content, condition }
+        Prepared { header, payload: &[], compressed: None, buf: None, key, content, condition, sole: false }
     }
 
     /// A block record that replaces `key`'s block, provided the key still names `before` when it
@@ -68,7 +71,22 @@ impl<'a> Prepared<'a> {
     ) -> Prepared<'a> {
         let content = header_fp(&header);
         let buf = Some(record_buffer(pool, &header, stored));
-        Prepared { header, payload: stored, compressed: None, buf, key, content, condition: Some((key, before)) }
+        Prepared {
+            header,
+            payload: stored,
+            compressed: None,
+            buf,
+            key,
+            content,
+            condition: Some((key, before)),
+            sole: false,
+        }
+    }
+
+    /// This record may be reserved only while its key alone names the block it replaces.
+    pub(crate) fn sole(mut self) -> Prepared<'a> {
+        self.sole = true;
+        self
     }
 
     /// The bytes the record stores.
@@ -152,7 +170,7 @@ impl Parts {
         let stored = compressed.as_deref().unwrap_or(bytes);
         let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, stored));
         let key = key_fp(namespace, &header.key);
-        Prepared { header, payload: bytes, compressed, buf, key, content, condition: None }
+        Prepared { header, payload: bytes, compressed, buf, key, content, condition: None, sole: false }
     }
 
     /// Reserves and writes `items` (several reservations when they span segments) on this
@@ -215,7 +233,11 @@ impl Parts {
                 }
                 if let Some((key, content)) = item.condition {
                     let index = self.index_read();
-                    let still = index.key(&key).and_then(|k| index.content(k.content)).is_some_and(|c| c.fp == content);
+                    let sole = item.sole;
+                    let still = index
+                        .key(&key)
+                        .and_then(|k| index.content(k.content))
+                        .is_some_and(|c| c.fp == content && (!sole || c.refs == 1));
                     if !still {
                         return Err(StoreError::invalid("rename", SOURCE_CHANGED));
                     }
@@ -273,7 +295,8 @@ impl Parts {
     }
 
     /// Tells placement of a put block (`fresh`: not one written again), and puts it in the DRAM
-    /// tier if placement says so (a block written again goes there as it was).
+    /// tier if placement says so. A block written again (relocated, recompressed) goes to the
+    /// DRAM tier without asking: it was kept because it is wanted.
     fn place_in_tiers(
         &self,
         buf: &Arc<PooledBuf>,

@@ -46,7 +46,8 @@ impl Store {
                 policy.allows_frame(namespace, meta)?;
                 None
             }
-            None if opts.codec.is_none() => {
+            // Placement's codec is for one context: a batch with a group, or a single block.
+            None if opts.codec.is_none() && (opts.group.is_some() || checked.len() == 1) => {
                 let placed = checked.first().and_then(|(header, bytes)| {
                     parts.placement.codec_at_put(&BlockInfo {
                         namespace,

@@ -158,6 +158,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
         metrics: Arc::clone(&metrics),
         shutdown,
         blocking_sends: Semaphore::new((opts.blocking_threads / 2).max(1)),
+        plan_views: Semaphore::new(1),
         cluster: Arc::clone(&cluster),
         started: std::time::Instant::now(),
         opts,

@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     /// Connections that may finish a large reply with blocking sends at once (each holds a
     /// blocking-pool thread meanwhile): half the pool, so engine calls always find threads.
     pub blocking_sends: Semaphore,
+    /// `GET /plan` answers one at a time (it walks the planner's contexts).
+    pub plan_views: Semaphore,
     /// The slot map in cluster mode, and the cluster layer's counters.
     pub cluster: Arc<Live>,
     /// When the server started (INFO's uptime).

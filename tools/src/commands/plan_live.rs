@@ -85,13 +85,14 @@ fn render(view: &Value) -> String {
     for c in view["contexts"].as_array().into_iter().flatten() {
         let option = c["option"].as_u64().unwrap_or(0) as usize;
         out.push_str(&format!(
-            "  {:016x} {:>7} {:>10} {:>9.3}  {:<16} {:>12.4}\n",
+            "  {:016x} {:>7} {:>10} {:>9.3}  {:<16} {:>12}\n",
             c["context"].as_u64().unwrap_or(0),
             c["blocks"].as_u64().unwrap_or(0),
             crate::size::human(c["block_bytes"].as_u64().unwrap_or(0)),
             c["freq"].as_f64().unwrap_or(0.0),
             name(&c["option"]),
-            c["utility"].get(option).and_then(Value::as_f64).unwrap_or(0.0),
+            // An option closed to the context (-inf) comes as null.
+            c["utility"].get(option).and_then(Value::as_f64).map_or_else(|| "-".to_string(), |u| format!("{u:.4}")),
         ));
     }
     out.push_str("\nnext steps if over budget (cheapest first):\n");

@@ -51,12 +51,15 @@ impl EngineCache {
     ) -> anyhow::Result<EngineCache> {
         let clock = Arc::new(AtomicU64::new(EPOCH_MS));
         let (create, segments) = geometry(&s.model, scale, tiers.ssd);
-        let planned = policy.planner.map(|alpha| {
-            let capacity = u64::from(segments) * create.segment_size_bytes;
-            let (config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
-            let planned = planning::planned(config, &estimates, facts, Clock::manual(Arc::clone(&clock)));
-            (Arc::new(planned), estimates)
-        });
+        let planned = match policy.planner {
+            Some(alpha) => {
+                let capacity = u64::from(segments) * create.segment_size_bytes;
+                let (config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
+                let planned = planning::planned(config, &estimates, facts, Clock::manual(Arc::clone(&clock)))?;
+                Some((Arc::new(planned), estimates))
+            }
+            None => None,
+        };
         let placement: Arc<dyn Placement> = match &planned {
             Some((p, _)) => Arc::clone(p) as Arc<dyn Placement>,
             None => policy.placement(Clock::manual(Arc::clone(&clock))),

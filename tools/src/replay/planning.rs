@@ -81,13 +81,18 @@ pub fn planner_config(
 
 /// The engine's planned placement over `config`: each option's codec from `facts`, and for
 /// contexts without a profile the mean of the `estimates` over sensitivity levels.
-pub fn planned(config: PlannerConfig, estimates: &[Vec<f64>], facts: &[CodecFacts], clock: Clock) -> Planned {
+pub fn planned(
+    config: PlannerConfig,
+    estimates: &[Vec<f64>],
+    facts: &[CodecFacts],
+    clock: Clock,
+) -> anyhow::Result<Planned> {
     let levels = estimates.len().max(1) as f64;
     let quality = (0..config.options.len())
         .map(|o| estimates.iter().map(|e| e.get(o).copied().unwrap_or(1.0)).sum::<f64>() / levels)
         .collect();
     let codecs = facts.iter().map(|f| f.spec).collect();
-    Planned::new(PlannedConfig { planner: config, codecs, quality }, clock)
+    Ok(Planned::new(PlannedConfig { planner: config, codecs, quality }, clock)?)
 }
 
 /// Raw, then the planner's codecs, measured on this machine.
@@ -161,7 +166,7 @@ impl Placed {
                 let costs = Costs::serving(&PROFILES[0], &Gpu::default(), ssd_gbps * 1e9);
                 // The budget is the volume's, known once it is open.
                 let (config, estimates) = planner_config(alpha, &facts, &costs, u64::MAX);
-                let planned = Arc::new(planned(config, &estimates, &facts, clock));
+                let planned = Arc::new(planned(config, &estimates, &facts, clock)?);
                 Placed { placement: Arc::clone(&planned) as Arc<dyn Placement>, planned: Some(planned) }
             }
         })

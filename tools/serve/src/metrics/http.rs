@@ -50,9 +50,15 @@ async fn answer(mut stream: TcpStream, shared: Arc<Shared>) {
             break match (method, route) {
                 ("GET", "/metrics") => ("200 OK", PROMETHEUS, render(&shared).await),
                 ("GET", "/plan") => match plan(&shared, query).await {
-                    Some(json) => ("200 OK", JSON, json),
-                    None => {
+                    Plan::View(json) => ("200 OK", JSON, json),
+                    Plan::None => {
                         ("404 Not Found", TEXT, "no planner: this server runs without --placement planner\n".into())
+                    }
+                    Plan::Busy => {
+                        ("503 Service Unavailable", TEXT, "the plan is being read by another request\n".into())
+                    }
+                    Plan::Failed(why) => {
+                        ("500 Internal Server Error", TEXT, format!("the plan could not be read: {why}\n"))
                     }
                 },
                 ("GET", _) => ("404 Not Found", TEXT, "not found: metrics are at /metrics, the plan at /plan\n".into()),
@@ -83,18 +89,36 @@ const PLAN_LIMIT: usize = 20;
 /// The most `limit=N` may ask for: the view sorts every context, and this bounds its reply.
 const PLAN_LIMIT_MAX: usize = 10_000;
 
-/// The planner's view as JSON, `None` without a planner. `query` may hold `limit=N`.
-async fn plan(shared: &Arc<Shared>, query: &str) -> Option<String> {
+/// What `/plan` found.
+enum Plan {
+    View(String),
+    /// The server runs without a planner.
+    None,
+    /// Another `/plan` is being answered.
+    Busy,
+    Failed(String),
+}
+
+/// The planner's view as JSON. `query` may hold `limit=N`. One at a time: the view walks every
+/// context under the planner's lock.
+async fn plan(shared: &Arc<Shared>, query: &str) -> Plan {
     let limit = query
         .split('&')
         .find_map(|kv| kv.strip_prefix("limit="))
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(PLAN_LIMIT)
         .min(PLAN_LIMIT_MAX);
+    let Ok(_one) = shared.plan_views.try_acquire() else { return Plan::Busy };
     let store = Arc::clone(&shared.store);
-    // The view sorts the planner's contexts under its lock: off the network threads.
-    let view = tokio::task::spawn_blocking(move || store.plan_view(limit)).await.ok()??;
-    serde_json::to_string_pretty(&view).ok()
+    // Off the network threads.
+    match tokio::task::spawn_blocking(move || store.plan_view(limit)).await {
+        Ok(Some(view)) => match serde_json::to_string_pretty(&view) {
+            Ok(json) => Plan::View(json),
+            Err(e) => Plan::Failed(e.to_string()),
+        },
+        Ok(None) => Plan::None,
+        Err(e) => Plan::Failed(e.to_string()),
+    }
 }
 
 async fn render(shared: &Arc<Shared>) -> String {
