@@ -13,6 +13,21 @@ pub fn block(id: u64, len: usize) -> Vec<u8> {
     kvhoard_kernels::rng::bytes(id, len)
 }
 
+/// What the kernels' own codec `spec` makes of `bytes`, a block of `shape`, once decoded: what
+/// the store must return for a block it stored or recompressed with `spec`.
+pub fn codec_form(spec: kvhoard_kernels::CodecSpec, shape: kvhoard_kernels::KvShape, bytes: &[u8]) -> Vec<u8> {
+    use kvhoard_kernels::Codec as _;
+    let mut codec = kvhoard_kernels::CpuCodec::new(spec).expect("a codec the kernels know");
+    let mut frame = vec![0u8; codec.max_payload_size(&shape)];
+    let c = codec.compress(&kvhoard_kernels::Block::new(shape, bytes), &mut frame).expect("the block fits its shape");
+    let mut out = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
+    let d = kvhoard_kernels::CpuCodec::decoder()
+        .decompress(&c.params, &c.shape, frame.get(..c.len).unwrap_or_default(), &mut out)
+        .expect("a frame the codec just made decodes");
+    out.truncate(d.len);
+    out
+}
+
 /// Length of block `id` in the crash test: 4 KiB to 160 KiB, not unit-aligned.
 pub fn crash_block_len(id: u64) -> usize {
     4096 + (id.wrapping_mul(7919) % 40) as usize * 4001

@@ -11,7 +11,8 @@ use kvhoard_engine::device::{CrashMode, FaultKind, MemDevice};
 use kvhoard_engine::placement::{BlockInfo, Keep, LiveBlock, Placement, PutPlan, SegmentView};
 use kvhoard_engine::{CodecSpec, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions};
 use kvhoard_kernels::synth::Synth;
-use kvhoard_kernels::{Codec, CpuCodec, KvShape};
+use kvhoard_kernels::KvShape;
+use kvhoard_tests::codec_form;
 
 const SEG: u64 = 1 << 20;
 
@@ -51,13 +52,7 @@ fn shape() -> KvShape {
 
 /// What quant8 makes of `bytes`: what the store must return for a block it recompressed so.
 fn quantized(bytes: &[u8]) -> Vec<u8> {
-    let mut codec = CpuCodec::new(q8()).unwrap();
-    let mut frame = vec![0u8; codec.max_payload_size(&shape())];
-    let c = codec.compress(&kvhoard_kernels::Block::new(shape(), bytes), &mut frame).unwrap();
-    let mut out = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
-    let d = CpuCodec::decoder().decompress(&c.params, &c.shape, &frame[..c.len], &mut out).unwrap();
-    out.truncate(d.len);
-    out
+    codec_form(q8(), shape(), bytes)
 }
 
 struct Expected {
@@ -195,12 +190,7 @@ fn cleaning_keeps_lossy_forms_as_they_are_and_the_rest_of_a_ttl() {
     assert!(store.stats().recompressed_records > 0);
     let got = store.get("lossy", "q4", ReadOptions::default()).unwrap().unwrap();
     assert!(got.meta.codec().starts_with("quant:bits=4"), "a lossy form is final: {}", got.meta.codec());
-    let mut codec = CpuCodec::new(q4).unwrap();
-    let mut frame = vec![0u8; codec.max_payload_size(&shape())];
-    let c = codec.compress(&kvhoard_kernels::Block::new(shape(), &bytes), &mut frame).unwrap();
-    let mut want = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
-    let d = CpuCodec::decoder().decompress(&c.params, &c.shape, &frame[..c.len], &mut want).unwrap();
-    assert!(got[..] == want[..d.len], "quant4 of the original, not of anything else");
+    assert!(got[..] == codec_form(q4, shape(), &bytes)[..], "quant4 of the original, not of anything else");
     let got = store.get("lossy", "ttl", ReadOptions::default()).unwrap().unwrap();
     assert!(got.meta.codec().starts_with("quant:bits=8"), "{}", got.meta.codec());
     assert!((3590..=3600).contains(&got.meta.ttl_secs), "the rest of its TTL: {}", got.meta.ttl_secs);

@@ -51,13 +51,7 @@ fn blocks() -> Vec<(String, KvShape, Vec<u8>)> {
 
 /// What the kernels' own codec makes of `bytes` with `spec`: what the store must return.
 fn reference(spec: CodecSpec, shape: KvShape, bytes: &[u8]) -> Vec<u8> {
-    let mut codec = CpuCodec::new(spec).unwrap();
-    let mut frame = vec![0u8; codec.max_payload_size(&shape)];
-    let c = codec.compress(&kvhoard_kernels::Block::new(shape, bytes), &mut frame).unwrap();
-    let mut out = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
-    let d = CpuCodec::decoder().decompress(&c.params, &c.shape, &frame[..c.len], &mut out).unwrap();
-    out.truncate(d.len);
-    out
+    kvhoard_tests::codec_form(spec, shape, bytes)
 }
 
 #[test]

@@ -14,6 +14,7 @@ use kvhoard_engine::{
 };
 use kvhoard_kernels::synth::Synth;
 use kvhoard_kernels::{Codec, CpuCodec, KvShape};
+use kvhoard_tests::codec_form;
 
 const SEG: u64 = 1 << 20;
 const SEGMENTS: u64 = 16;
@@ -28,13 +29,7 @@ fn q(bits: u8) -> CodecSpec {
 
 /// What `spec` makes of `bytes`.
 fn through(spec: CodecSpec, bytes: &[u8]) -> Vec<u8> {
-    let mut codec = CpuCodec::new(spec).unwrap();
-    let mut frame = vec![0u8; codec.max_payload_size(&shape())];
-    let c = codec.compress(&kvhoard_kernels::Block::new(shape(), bytes), &mut frame).unwrap();
-    let mut out = vec![0u8; kvhoard_kernels::decoded_size(&c.params, &c.shape)];
-    let d = CpuCodec::decoder().decompress(&c.params, &c.shape, &frame[..c.len], &mut out).unwrap();
-    out.truncate(d.len);
-    out
+    codec_form(spec, shape(), bytes)
 }
 
 /// Bytes a record of `spec`'s form of a sample block takes on the log ÷ the block's bytes (a

@@ -253,10 +253,15 @@ fn inspect_json_agrees_with_the_engine_and_fsck_exit_codes_follow_e2fsck() {
 }
 
 /// Starts `kvhoard serve` and returns it with the addresses it printed.
-fn serve(vol: &str) -> (std::process::Child, std::io::BufReader<std::process::ChildStderr>, String, String) {
+/// `kvhoard serve VOL ARGS`: the server, its stderr after the "serving" line, and that line.
+fn serve_with(
+    vol: &str,
+    args: &[&str],
+) -> (std::process::Child, std::io::BufReader<std::process::ChildStderr>, String) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvhoard"))
-        .args(["serve", vol, "--lm", "0", "--resp", "0", "--dram-tier", "0"])
+        .args(["serve", vol, "--dram-tier", "0"])
+        .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -264,11 +269,18 @@ fn serve(vol: &str) -> (std::process::Child, std::io::BufReader<std::process::Ch
     let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     err.read_line(&mut line).unwrap();
-    let addr = |scheme: &str| {
-        let start = line.find(scheme).unwrap_or_else(|| panic!("no {scheme} in {line:?}")) + scheme.len();
-        line[start..].split(' ').next().unwrap().to_string()
-    };
-    let (lm, resp) = (addr("lm://"), addr("resp://"));
+    (child, err, line)
+}
+
+/// The address after `scheme` in the server's "serving" line.
+fn served_at(line: &str, scheme: &str) -> String {
+    let start = line.find(scheme).unwrap_or_else(|| panic!("no {scheme} in {line:?}")) + scheme.len();
+    line[start..].split([' ', '/']).next().unwrap().to_string()
+}
+
+fn serve(vol: &str) -> (std::process::Child, std::io::BufReader<std::process::ChildStderr>, String, String) {
+    let (child, err, line) = serve_with(vol, &["--lm", "0", "--resp", "0"]);
+    let (lm, resp) = (served_at(&line, "lm://"), served_at(&line, "resp://"));
     (child, err, lm, resp)
 }
 
@@ -309,23 +321,13 @@ fn serve_stops_cleanly_on_sigterm_and_keeps_what_it_stored() {
 
 #[test]
 fn plan_live_reads_a_servers_planner_or_says_why_it_cannot() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let vol = dir.path().join("vol");
     let vol = p(&vol);
     ok(&["init", vol, "--capacity", "64MiB", "--segment-size", "4MiB"]);
     // A server without a planner: `plan live` says so.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvhoard"))
-        .args(["serve", vol, "--resp", "0", "--metrics", "0", "--dram-tier", "0"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let start = line.find("http://").unwrap_or_else(|| panic!("no metrics address in {line:?}")) + "http://".len();
-    let metrics = line[start..].split('/').next().unwrap().to_string();
+    let (mut child, _err, line) = serve_with(vol, &["--resp", "0", "--metrics", "0"]);
+    let metrics = served_at(&line, "http://");
     let out = kvhoard(&["plan", "live", &metrics]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);

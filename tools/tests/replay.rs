@@ -291,21 +291,14 @@ fn the_ttl_curve_keeps_group_ttl_within_its_budget() {
 fn the_planner_replays_deterministically_and_the_engine_applies_it() {
     let dir = tempfile::tempdir().unwrap();
     let trace = generate(dir.path(), "documents", 300, 4);
-    let run = || -> Value {
-        serde_json::from_str(&ok(&[
-            "replay",
-            p(&trace),
-            "--sim",
-            "--ssd-fraction",
-            "0.05",
-            "--policy",
-            "planner",
-            "--codec-gbps",
-            "8",
-            "--json",
-        ]))
-        .unwrap()
+    // The planner on a volume too small for the working set, decode speeds pinned.
+    let replay = |mode: &[&str]| -> Value {
+        let mut args = vec!["replay", p(&trace)];
+        args.extend_from_slice(mode);
+        args.extend_from_slice(&["--ssd-fraction", "0.05", "--policy", "planner", "--codec-gbps", "8", "--json"]);
+        serde_json::from_str(&ok(&args)).unwrap()
     };
+    let run = || replay(&["--sim"]);
     let r = run();
     assert_eq!(r["policy"], "planner");
     assert!(
@@ -322,22 +315,7 @@ fn the_planner_replays_deterministically_and_the_engine_applies_it() {
     assert_eq!(without_time(run()), without_time(r.clone()));
     // The engine applies the planner's decisions: admission compresses and cleaning
     // recompresses or drops, on a volume too small for the working set.
-    let engine: Value = serde_json::from_str(&ok(&[
-        "replay",
-        p(&trace),
-        "--volume",
-        p(dir.path()),
-        "--scale",
-        "256",
-        "--ssd-fraction",
-        "0.05",
-        "--policy",
-        "planner",
-        "--codec-gbps",
-        "8",
-        "--json",
-    ]))
-    .unwrap();
+    let engine = replay(&["--volume", p(dir.path()), "--scale", "256"]);
     assert_eq!(engine["mode"], "engine", "{engine}");
     assert!(engine["hit_rate"].as_f64().unwrap() > 0.0, "{engine}");
     assert!(engine["mean_quality"].as_f64().unwrap() < 1.0, "some hits were served from a lossy form: {engine}");
