@@ -1,22 +1,20 @@
 //! What a read returns of a compressed block, per client: `get` and `get_into` the decoded block
 //! (bit-exact for lossless codecs, the full original shape for quantized ones, never a block
 //! with dropped tokens), `get_kv` a decoded block with the positions of the tokens it kept,
-//! `get_frame` the stored form untouched, for a client (or a GPU) that decodes itself. And
-//! `recompress`, which rewrites a live block under another codec.
+//! `get_frame` the stored form untouched, for a client (or a GPU) that decodes itself.
+//! (`recompress`, which rewrites a live block under another codec, is in `recode.rs`.)
 
 use std::sync::atomic::Ordering;
 
 use kvhoard_format::record::{validate_key, validate_namespace};
-use kvhoard_kernels::{CodecSpec, Positions};
+use kvhoard_kernels::Positions;
 
-use super::append::{Prepared, SOURCE_CHANGED};
-use super::recode::Recoded;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::codec::{spec_of, Codecs};
 use crate::error::{Result, StoreError};
 use crate::index::key_fp;
-use crate::options::{Durability, ReadOptions};
+use crate::options::ReadOptions;
 use crate::parts::Parts;
 
 /// Whether a read may return a block whose tokens were dropped.
@@ -54,38 +52,6 @@ impl Store {
             parts.hit(namespace, key, &frame.meta);
         }
         Ok(frame)
-    }
-
-    /// Rewrites the live block under `key` with `codec` (what may be recoded, and how: `recode.rs`).
-    /// A reader sees the old form or the new one, whole; the old record becomes dead space.
-    /// Returns `false` when the key is missing, or was overwritten or deleted meanwhile (the
-    /// newer block is left alone).
-    pub fn recompress(&self, namespace: &str, key: &str, codec: CodecSpec, durability: Durability) -> Result<bool> {
-        let parts = &self.parts;
-        parts.policies.get(namespace).codec_for(namespace, Some(codec))?;
-        let kfp = key_fp(namespace, key);
-        let content_before = {
-            let index = parts.index_read();
-            index.key(&kfp).and_then(|k| index.content(k.content)).map(|c| c.fp)
-        };
-        let Some(before) = content_before else { return Ok(false) };
-        let Some(frame) = self.get_frame(namespace, key, ReadOptions::default())? else { return Ok(false) };
-        let (header, stored) = match parts.recode(namespace, key, frame, codec)? {
-            Recoded::Same => return Ok(true),
-            Recoded::Gone => return Ok(false),
-            Recoded::New { header, stored } => (header, stored),
-        };
-        let item = Prepared::replacing(*header, &stored, &parts.pool, kfp, before);
-        match self.append_all(&mut [item], durability) {
-            Ok(end) => {
-                if durability == Durability::Synced {
-                    parts.log.sync_to(end)?;
-                }
-                Ok(true)
-            }
-            Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => Ok(false),
-            Err(e) => Err(e),
-        }
     }
 }
 

@@ -1,17 +1,20 @@
 //! A stored block in another codec's form: the one definition of what may be recoded and how,
-//! for [`Store::recompress`](super::Store::recompress) (a client asks) and for cleaning (placement
-//! asks, `reclaim/clean.rs`).
+//! for [`Store::recompress`] (a client asks) and for cleaning (placement asks,
+//! `reclaim/clean.rs`).
 
 use kvhoard_format::record::RecordHeader;
 use kvhoard_kernels::CodecSpec;
 
+use super::append::{Prepared, SOURCE_CHANGED};
 use super::decode::Dropped;
 use super::put::replacement;
+use super::Store;
 use crate::block::Block;
 use crate::buffer::PooledBuf;
 use crate::codec::{spec_of, Skipped};
 use crate::error::{Result, StoreError};
-use crate::options::ReadOptions;
+use crate::index::key_fp;
+use crate::options::{Durability, ReadOptions};
 use crate::parts::Parts;
 
 /// What recoding a block gives.
@@ -91,5 +94,39 @@ impl Parts {
         header.payload_crc = crc32c::crc32c(&stored);
         header.validate()?;
         Ok(Recoded::New { header: Box::new(header), stored })
+    }
+}
+
+impl Store {
+    /// Rewrites the live block under `key` with `codec` (what may be recoded, and how: above).
+    /// A reader sees the old form or the new one, whole; the old record becomes dead space.
+    /// Returns `false` when the key is missing, or was overwritten or deleted meanwhile (the
+    /// newer block is left alone).
+    pub fn recompress(&self, namespace: &str, key: &str, codec: CodecSpec, durability: Durability) -> Result<bool> {
+        let parts = &self.parts;
+        parts.policies.get(namespace).codec_for(namespace, Some(codec))?;
+        let kfp = key_fp(namespace, key);
+        let content_before = {
+            let index = parts.index_read();
+            index.key(&kfp).and_then(|k| index.content(k.content)).map(|c| c.fp)
+        };
+        let Some(before) = content_before else { return Ok(false) };
+        let Some(frame) = self.get_frame(namespace, key, ReadOptions::default())? else { return Ok(false) };
+        let (header, stored) = match parts.recode(namespace, key, frame, codec)? {
+            Recoded::Same => return Ok(true),
+            Recoded::Gone => return Ok(false),
+            Recoded::New { header, stored } => (header, stored),
+        };
+        let item = Prepared::replacing(*header, &stored, &parts.pool, kfp, before);
+        match self.append_all(&mut [item], durability) {
+            Ok(end) => {
+                if durability == Durability::Synced {
+                    parts.log.sync_to(end)?;
+                }
+                Ok(true)
+            }
+            Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
