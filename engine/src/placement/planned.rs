@@ -121,7 +121,7 @@ impl Planned {
             last_access: HashMap::new(),
             profiles: HashMap::new(),
             cpu: Duration::ZERO,
-            observed: Vec::new(),
+            observed: vec![(0, 0, 0); config.codecs.len()],
             puts_since_check: 0,
         };
         Ok(Planned {
@@ -193,9 +193,9 @@ impl Planned {
         self.lock().planner.set_budget(budget_bytes);
     }
 
-    /// Records an access of `block`'s context (`added` blocks put by it) and, with `rebalance`,
-    /// rebalances when the kept bytes exceed the budget.
-    fn access(&self, block: &BlockInfo<'_>, added: u64, rebalance: bool) {
+    /// Records an access of `block`'s context (`added` blocks put by it) and, for a `put`, the
+    /// form its record takes, and rebalances when the kept bytes exceed the budget.
+    fn access(&self, block: &BlockInfo<'_>, added: u64, put: bool) {
         let started = Instant::now();
         let now = self.clock.now_unix_ms();
         let mut state = self.lock();
@@ -211,8 +211,11 @@ impl Planned {
             let quality = self.quality_of(state, block);
             state.planner.touch(block.context, now, blocks.max(1), block.raw_bytes, &quality);
         }
-        if rebalance && state.planner.over_budget() {
-            state.planner.rebalance();
+        if put {
+            self.observe(state, block);
+            if state.planner.over_budget() {
+                state.planner.rebalance();
+            }
         }
         state.cpu += started.elapsed();
     }
@@ -220,13 +223,8 @@ impl Planned {
 
 impl Planned {
     /// Counts what a put's record takes in its form.
-    fn observe(&self, block: &BlockInfo<'_>) {
+    fn observe(&self, state: &mut State, block: &BlockInfo<'_>) {
         let Some(option) = self.codecs.iter().position(|c| *c == block.codec) else { return };
-        let mut state = self.lock();
-        let state = &mut *state;
-        if state.observed.len() < self.codecs.len() {
-            state.observed.resize(self.codecs.len(), (0, 0, 0));
-        }
         if let Some(o) = state.observed.get_mut(option) {
             *o = (o.0 + block.record_bytes, o.1 + block.raw_bytes, o.2 + 1);
         }
@@ -271,7 +269,6 @@ impl Planned {
 impl Placement for Planned {
     fn on_put(&self, block: &BlockInfo<'_>) -> PutPlan {
         self.access(block, u64::from(block.new_key), true);
-        self.observe(block);
         self.lru.on_put(block)
     }
 
