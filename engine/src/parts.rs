@@ -18,6 +18,7 @@ use crate::index::Index;
 use crate::log::{Log, LogState};
 use crate::metrics::Metrics;
 use crate::options::StoreOptions;
+use crate::placement::group_ttl::NamespaceTtls;
 use crate::placement::Placement;
 use crate::policy::Policies;
 use crate::reclaim::pins::Pins;
@@ -45,6 +46,8 @@ pub(crate) struct Parts {
     pub(crate) codecs: Codecs,
     /// Each namespace's codec policy.
     pub(crate) policies: Policies,
+    /// Group TTL of the namespaces whose settings ask for it.
+    pub(crate) ttls: Arc<NamespaceTtls>,
     /// The background cleaner's controls (it runs when placement cleans).
     pub(crate) cleaner: Arc<crate::reclaim::control::CleanerControl>,
     /// What the store did.

@@ -1,27 +1,146 @@
-//! Namespace policies: the codec a namespace's blocks are stored with when a put names none, and
-//! whether lossy codecs may be applied in it. Kept with the superblock
-//! (`kvhoard_format::policy`); lossy codecs are denied unless a policy allows them.
+//! Namespace policies: the codec a namespace's blocks are stored with when a put names none,
+//! whether lossy codecs may be applied in it, and how placement treats it ([`NsSettings`]: the
+//! planner's α, allowed codecs and drift threshold; group TTL's budget, groups and window). Kept
+//! with the superblock (`kvhoard_format::policy`); lossy codecs are denied unless a policy allows
+//! them.
 
 use std::collections::BTreeMap;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-use kvhoard_format::policy::NsPolicy;
+use kvhoard_format::policy::{NsPolicy, NsSettings as StoredSettings};
 use kvhoard_kernels::CodecSpec;
 
 use crate::error::{Result, StoreError};
 
+/// Quality drift that re-scores a context when its namespace sets none: 5 % below what the
+/// planner assumed.
+pub const DEFAULT_DRIFT: f64 = 0.05;
+
 /// One namespace's policy.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Policy {
     /// Codec for puts that name none (`None`: store blocks as they are).
     pub codec: Option<CodecSpec>,
     /// Whether lossy codecs (quantization, token dropping) may be applied.
     pub lossy: bool,
+    /// How placement treats the namespace.
+    pub settings: NsSettings,
+}
+
+/// How placement treats a namespace (each `None`: the placement's own default).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NsSettings {
+    /// The planner's α: seconds of delay a block's whole quality is worth.
+    pub alpha: Option<f64>,
+    /// The codecs the planner may store the namespace's blocks with, besides the form they were
+    /// put in (`None`: all of its codecs).
+    pub codecs: Option<Arc<[CodecSpec]>>,
+    /// How far (a fraction) a reported quality may fall below what the planner assumed before the
+    /// context is re-scored (`None`: [`DEFAULT_DRIFT`]).
+    pub drift: Option<f64>,
+    /// Group TTL for the namespace's blocks put without a TTL of their own.
+    pub ttl: Option<TtlSettings>,
+}
+
+/// Group TTL's settings for a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtlSettings {
+    /// Bytes the namespace's TTLs may keep stored, on average over the window.
+    pub budget_bytes: u64,
+    /// Groups with a TTL of their own (the rest share one); 0: the default.
+    pub groups: u32,
+    /// Seconds of access history the TTLs are learned from; 0: the default.
+    pub window_s: u32,
+}
+
+impl NsSettings {
+    /// Checks each setting's range.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(alpha) = self.alpha.filter(|a| !(a.is_finite() && (0.0..=1e6).contains(a))) {
+            return Err(StoreError::invalid("alpha", format!("{alpha} is not seconds between 0 and 10^6")));
+        }
+        if let Some(drift) = self.drift.filter(|d| !(d.is_finite() && (0.0..=1.0).contains(d))) {
+            return Err(StoreError::invalid("drift", format!("{drift} is not a fraction between 0 and 1")));
+        }
+        if self.ttl.is_some_and(|t| t.budget_bytes == 0) {
+            return Err(StoreError::invalid("ttl budget", "a group TTL budget must be above 0 bytes"));
+        }
+        Ok(())
+    }
+
+    /// Whether the planner may store the namespace's blocks with `codec` (`None`: as put).
+    pub fn allows(&self, codec: Option<&CodecSpec>) -> bool {
+        match (codec, &self.codecs) {
+            (None, _) | (_, None) => true,
+            (Some(c), Some(allowed)) => allowed.contains(c),
+        }
+    }
+
+    /// The drift threshold in force.
+    pub fn drift(&self) -> f64 {
+        self.drift.unwrap_or(DEFAULT_DRIFT)
+    }
+
+    fn is_default(&self) -> bool {
+        *self == NsSettings::default()
+    }
+
+    fn stored(&self) -> Option<StoredSettings> {
+        if self.is_default() {
+            return None;
+        }
+        let micro = |v: f64| (v * 1e6).round() as u64;
+        Some(StoredSettings {
+            alpha_us: self.alpha.map(micro),
+            drift_ppm: self.drift.map(micro),
+            ttl_budget_bytes: self.ttl.map_or(0, |t| t.budget_bytes),
+            ttl_groups: self.ttl.map_or(0, |t| t.groups),
+            ttl_window_s: self.ttl.map_or(0, |t| t.window_s),
+            codecs: self
+                .codecs
+                .as_deref()
+                .map(|c| c.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "))
+                .unwrap_or_default(),
+        })
+    }
+
+    /// The settings stored for `namespace`. A codec this build cannot parse (written by a newer
+    /// one) is left out of the allowed ones, logged.
+    fn load(namespace: &str, stored: &StoredSettings) -> NsSettings {
+        let codecs = (!stored.codecs.is_empty()).then(|| {
+            stored
+                .codecs
+                .split(' ')
+                .filter_map(|text| {
+                    CodecSpec::parse(text)
+                        .map_err(|e| tracing::error!(namespace, codec = text, error = %e, "unusable codec among a namespace's allowed codecs; left out"))
+                        .ok()
+                })
+                .collect::<Arc<[CodecSpec]>>()
+        });
+        NsSettings {
+            alpha: stored.alpha_us.map(|v| v as f64 / 1e6),
+            codecs,
+            drift: stored.drift_ppm.map(|v| v as f64 / 1e6),
+            ttl: (stored.ttl_budget_bytes > 0).then_some(TtlSettings {
+                budget_bytes: stored.ttl_budget_bytes,
+                groups: stored.ttl_groups,
+                window_s: stored.ttl_window_s,
+            }),
+        }
+    }
 }
 
 impl Policy {
-    /// Checks that the policy allows its own codec.
+    /// Checks that the policy allows its own codec, and its settings.
     pub fn validate(&self) -> Result<()> {
+        self.settings.validate()?;
+        if let Some(c) = self.settings.codecs.iter().flat_map(|c| c.iter()).find(|c| c.is_lossy() && !self.lossy) {
+            return Err(StoreError::invalid(
+                "codecs",
+                format!("codec {c} is lossy; allow lossy codecs in the namespace too (--lossy allow)"),
+            ));
+        }
         match self.codec {
             Some(spec) if spec.is_lossy() && !self.lossy => Err(StoreError::invalid(
                 "policy",
@@ -87,7 +206,8 @@ impl Policies {
                         .map_err(|e| tracing::error!(namespace = %p.namespace, codec = text, error = %e, "unusable codec in a namespace policy; storing its blocks uncompressed"))
                         .ok(),
                 };
-                (p.namespace, Policy { codec, lossy: p.lossy })
+                let settings = p.settings.as_ref().map(|s| NsSettings::load(&p.namespace, s)).unwrap_or_default();
+                (p.namespace, Policy { codec, lossy: p.lossy, settings })
             })
             .collect();
         Policies { map: RwLock::new(map) }
@@ -95,12 +215,12 @@ impl Policies {
 
     /// The policy of `namespace` (the default when none was set).
     pub(crate) fn get(&self, namespace: &str) -> Policy {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).get(namespace).copied().unwrap_or_default()
+        self.map.read().unwrap_or_else(|e| e.into_inner()).get(namespace).cloned().unwrap_or_default()
     }
 
     /// Every policy set.
     pub(crate) fn all(&self) -> Vec<(String, Policy)> {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(n, p)| (n.clone(), *p)).collect()
+        self.map.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(n, p)| (n.clone(), p.clone())).collect()
     }
 
     /// The stored form of every policy with `namespace`'s replaced by `policy` (removed when it
@@ -114,9 +234,10 @@ impl Policies {
         }
         map.into_iter()
             .map(|(namespace, p)| NsPolicy {
-                namespace,
                 codec: p.codec.map_or_else(String::new, |c| c.to_string()),
                 lossy: p.lossy,
+                settings: p.settings.stored(),
+                namespace,
             })
             .collect()
     }

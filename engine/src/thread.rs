@@ -1,4 +1,5 @@
-//! Starting the engine's own threads (the buffered writer, the checkpointer).
+//! Starting the engine's own threads (the buffered writer, the checkpointer, the cleaner, group
+//! TTL's planner), and stopping the periodic ones.
 
 use std::thread::JoinHandle;
 
@@ -11,4 +12,27 @@ pub(crate) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<Joi
         path: "<volume>".into(),
         source,
     })
+}
+
+/// Ends a periodic engine thread: it waits between rounds with [`Stopper::wait`], and
+/// [`Stopper::stop`] ends the wait at once.
+#[derive(Debug, Default)]
+pub(crate) struct Stopper {
+    stopped: std::sync::Mutex<bool>,
+    woken: std::sync::Condvar,
+}
+
+impl Stopper {
+    /// Asks the thread to stop.
+    pub(crate) fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.woken.notify_all();
+    }
+
+    /// Waits `period` or until stopped; returns whether the thread is to stop.
+    pub(crate) fn wait(&self, period: std::time::Duration) -> bool {
+        let guard = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        let (stopped, _) = self.woken.wait_timeout_while(guard, period, |s| !*s).unwrap_or_else(|e| e.into_inner());
+        *stopped
+    }
 }

@@ -68,6 +68,10 @@ def test_codecs_policies_frames_and_recompression(tmp_path):
         assert store.describe("q")["codec"].startswith("quant:bits=8")
         assert store.recompress("q", "quant:bits=4")
         assert store.describe("q")["codec"].startswith("quant:bits=4")
+        # Without a planner a quality report changes nothing; a quality out of range is refused.
+        assert store.report_quality("q", 0.5) is False
+        with pytest.raises(kvhoard.KvhoardError, match="quality"):
+            store.report_quality("q", 1.5, group=3)
         # Dropped tokens come back only with their positions.
         store.put("d", data, desc=desc, codec="drop-knorm:keep=0.5")
         with pytest.raises(kvhoard.KvhoardError, match="get_kv"):

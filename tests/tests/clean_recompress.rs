@@ -67,7 +67,7 @@ fn store() -> (Arc<MemDevice>, Store, StoreOptions) {
     let store =
         Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone())
             .unwrap();
-    store.set_policy("lossy", Policy { codec: None, lossy: true }).unwrap();
+    store.set_policy("lossy", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     (dev, store, opts)
 }
 

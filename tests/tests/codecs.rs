@@ -59,7 +59,7 @@ fn every_codec_dtype_and_layout_round_trips_through_restart_and_crash() {
     let specs =
         ["lossless", "lossless:level=3", "quant:bits=8", "quant:bits=4", "quant:bits=2", "quant:bits=4,residual=16"];
     let (dev, store) = mem_store();
-    store.set_policy("default", Policy { codec: None, lossy: true }).unwrap();
+    store.set_policy("default", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     let mut expected = Vec::new();
     for (name, shape, bytes) in blocks() {
         for text in specs {
@@ -133,9 +133,11 @@ fn a_namespace_that_denies_lossy_codecs_never_stores_one() {
     };
     assert!(store.put("default", "f", &bytes[..1000], &frame_opts).is_err());
     // A policy's default applies when a put names no codec; lossless is always allowed.
-    store.set_policy("default", Policy { codec: Some(CodecSpec::lossless(1)), lossy: false }).unwrap();
+    store
+        .set_policy("default", Policy { codec: Some(CodecSpec::lossless(1)), lossy: false, ..Default::default() })
+        .unwrap();
     assert!(
-        store.set_policy("default", Policy { codec: Some(quant), lossy: false }).is_err(),
+        store.set_policy("default", Policy { codec: Some(quant), lossy: false, ..Default::default() }).is_err(),
         "a policy must allow its own codec"
     );
     store.put("default", "l", &bytes, &synced(None, &shape.desc())).unwrap();
@@ -143,14 +145,17 @@ fn a_namespace_that_denies_lossy_codecs_never_stores_one() {
     // The policy is kept with the volume.
     store.close().unwrap();
     let (_, store) = reopen(&dev, CrashMode::KeepAll);
-    assert_eq!(store.policy("default"), Policy { codec: Some(CodecSpec::lossless(1)), lossy: false });
+    assert_eq!(
+        store.policy("default"),
+        Policy { codec: Some(CodecSpec::lossless(1)), lossy: false, ..Default::default() }
+    );
     assert_eq!(store.policy("other"), Policy::default());
 }
 
 #[test]
 fn token_dropping_codecs_are_served_only_with_their_positions() {
     let (_dev, store) = mem_store();
-    store.set_policy("default", Policy { codec: None, lossy: true }).unwrap();
+    store.set_policy("default", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     let (_, shape, bytes) = blocks().remove(0);
     let spec = CodecSpec::parse("drop-knorm:keep=0.5+quant:bits=8").unwrap();
     store.put("default", "d", &bytes, &synced(Some(spec), &shape.desc())).unwrap();
@@ -177,7 +182,7 @@ fn token_dropping_codecs_are_served_only_with_their_positions() {
 #[test]
 fn recompression_is_atomic_for_readers_and_across_crashes() {
     let (dev, store) = mem_store();
-    store.set_policy("default", Policy { codec: None, lossy: true }).unwrap();
+    store.set_policy("default", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     let (_, shape, bytes) = blocks().remove(0);
     store.put("default", "k", &bytes, &synced(Some(CodecSpec::lossless(1)), &shape.desc())).unwrap();
     let q8 = CodecSpec::quant(8, 32, 0);
@@ -233,7 +238,7 @@ fn recompression_is_atomic_for_readers_and_across_crashes() {
 #[test]
 fn damaged_frames_are_misses_never_garbage() {
     let (_dev, store) = mem_store();
-    store.set_policy("default", Policy { codec: None, lossy: true }).unwrap();
+    store.set_policy("default", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     let (_, shape, bytes) = blocks().remove(0);
     let mut codec = CpuCodec::new(CodecSpec::quant(4, 32, 0)).unwrap();
     let mut frame = vec![0u8; codec.max_payload_size(&shape)];
@@ -278,8 +283,8 @@ fn namespace_policies_survive_a_damaged_superblock_copy_and_its_repair() {
     let vol = dir.path().join("vol");
     let create = CreateOptions { capacity_bytes: Some(64 << 20), segment_size_bytes: 8 << 20 };
     let store = Store::create(&vol, &create, StoreOptions::default()).unwrap();
-    let policy = Policy { codec: Some(CodecSpec::quant(8, 32, 0)), lossy: true };
-    store.set_policy("lmcache", policy).unwrap();
+    let policy = Policy { codec: Some(CodecSpec::quant(8, 32, 0)), lossy: true, ..Default::default() };
+    store.set_policy("lmcache", policy.clone()).unwrap();
     store.close().unwrap();
     drop(store);
     for (offset, what) in

@@ -77,7 +77,7 @@ fn the_engine_keeps_hot_contexts_and_compresses_or_drops_cold_ones() {
     let opts = StoreOptions { placement: planner.clone(), clock, ..StoreOptions::default() };
     let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
     planner.set_budget(store.stats().capacity_bytes * 7 / 10);
-    store.set_policy("lossy", Policy { codec: None, lossy: true }).unwrap();
+    store.set_policy("lossy", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
 
     let bytes_of = |group: u64, i: u64| Synth::for_desc(shape(), group * 16 + i + 1).generate();
     let key = |group: u64, i: u64| format!("g{group}-{i}");
@@ -151,4 +151,25 @@ fn the_engine_keeps_hot_contexts_and_compresses_or_drops_cold_ones() {
     let after = store.stats().placement;
     assert_eq!(after.policy, "planner");
     assert!(after.contexts > 0 && after.planned_bytes <= after.budget_bytes, "{after:?}");
+}
+
+#[test]
+fn a_quality_report_reaches_the_planner_with_the_namespaces_drift() {
+    let now = Arc::new(AtomicU64::new(1_700_000_000_000));
+    let clock = Clock::manual(Arc::clone(&now));
+    let planner = planned(clock.clone());
+    let dev = Arc::new(MemDevice::new(SEG * (SEGMENTS + 3)));
+    let opts = StoreOptions { placement: planner.clone(), clock, ..StoreOptions::default() };
+    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    let settings = kvhoard_engine::NsSettings { drift: Some(0.2), ..Default::default() };
+    store.set_policy("lossy", Policy { lossy: true, settings, ..Default::default() }).unwrap();
+    let bytes = Synth::for_desc(shape(), 1).generate();
+    let opts = PutOptions { group: Some(9), desc: Some(shape().desc()), ..PutOptions::default() };
+    store.put("lossy", "k", &bytes, &opts).unwrap();
+    now.fetch_add(1000, Ordering::Relaxed);
+    // Within the namespace's 20 %: nothing changes; below it, the context is scored again.
+    assert!(!store.report_quality("lossy", Some(9), "any key of the group", 0.85).unwrap());
+    assert!(store.report_quality("lossy", Some(9), "k", 0.5).unwrap());
+    assert!(!store.report_quality("lossy", Some(10), "k", 0.5).unwrap(), "a context the planner never saw");
+    assert!(store.report_quality("lossy", Some(9), "k", 1.5).is_err(), "a quality out of range is refused");
 }

@@ -635,7 +635,7 @@ fn lm_chunks_are_stored_compressed_and_come_back_decoded_never_with_dropped_toke
     let store = Arc::new(Store::create(&dir.path().join("vol"), &create, StoreOptions::default()).unwrap());
     // Token dropping: refused for a namespace lm:// serves, by --codec or by its policy.
     let drop = kvhoard_engine::CodecSpec::parse("drop-knorm:keep=0.5").unwrap();
-    store.set_policy("lmcache", kvhoard_engine::Policy { codec: None, lossy: true }).unwrap();
+    store.set_policy("lmcache", kvhoard_engine::Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     let err = kvhoard_serve::start(Arc::clone(&store), ServeOptions { codec: Some(drop), ..options() }).err().unwrap();
     assert!(err.to_string().contains("drops"), "{err}");
     // Quantization: stored compressed, read back decoded in the shape LMCache gave.

@@ -100,17 +100,25 @@ pub enum Command {
         #[command(subcommand)]
         what: PlanCommand,
     },
-    /// Show or set a namespace's policy: its default codec, and whether lossy codecs may be
-    /// applied in it.
+    /// Show or set a namespace's policy: its default codec, whether lossy codecs may be
+    /// applied in it, and how placement treats it.
     ///
     /// `kvhoard ns show VOLUME` lists every namespace policy; `kvhoard ns set VOLUME NS --codec
     /// SPEC --lossy allow|deny` sets one (kept with the volume; blocks already stored keep their
     /// codec). Lossy codecs (quant, drop-*) are denied unless allowed. A namespace served over
     /// lm:// or RESP cannot have a token-dropping codec (those clients cannot take the result).
+    /// The planner's settings (`--alpha`, `--codecs`, `--drift`) and group TTL's (`--ttl-budget`,
+    /// `--ttl-groups`, `--ttl-window`) take effect when the volume is next opened.
+    /// docs/placement.md.
     Ns {
         #[command(subcommand)]
         action: crate::commands::ns::NsAction,
     },
+    /// What group TTL decides in a running server: per namespace that keeps it (`kvhoard ns set
+    /// VOLUME NS --ttl-budget BYTES`), its groups (prefix subtrees by accesses), their TTLs,
+    /// accesses and hits, and the best single TTL for the same budget. Read from the server's
+    /// metrics endpoint (`kvhoard serve --metrics ADDR`, `GET /ttl`). docs/placement.md.
+    Ttl(crate::commands::ttl::TtlArgs),
     /// Write the block stored under KEY to stdout or a file. Exits 3 if there is none.
     Get {
         /// Directory or block device.

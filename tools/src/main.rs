@@ -29,10 +29,11 @@ fn main() -> ExitCode {
         Command::Put { volume, key, file, ns, flags } => {
             commands::keys::put(&volume, &ns.namespace, &key, file.as_deref(), &flags, opts)
         }
-        Command::Ns { action } => commands::ns::run(&action, opts),
+        Command::Ns { action } => commands::ns::run(action, opts),
         Command::Replay(args) => replay::run(&args, opts),
         Command::Plan { what: cli::PlanCommand::Capacity(args) } => replay::plan::run(&args, opts),
         Command::Plan { what: cli::PlanCommand::Live(args) } => commands::plan_live::run(&args),
+        Command::Ttl(args) => commands::ttl::run(&args),
         Command::Trace { what: cli::TraceCommand::Generate(args) } => replay::generate::generate(&args),
         Command::Trace { what: cli::TraceCommand::Stats { trace, json } } => {
             replay::generate::print_stats(&trace, json)

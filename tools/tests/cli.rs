@@ -198,6 +198,30 @@ fn bench_reports_the_fields_scripts_read() {
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["blocks"], 3000);
     assert_eq!(j["records_replayed"], 3000);
+    // Cleaning: the tight volume is cleaned while the hot set is read, the roomy one is not.
+    let out = ok(&[
+        "bench",
+        p(&dir.path().join("c")),
+        "--workload",
+        "cleaning",
+        "--block-size",
+        "256KiB",
+        "--total",
+        "256MiB",
+        "--put-mbps",
+        "10000",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(j["with_cleaning"]["segments_cleaned"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["without_cleaning"]["segments_cleaned"], 0);
+    assert_eq!(j["without_cleaning"]["hot_misses"], 0);
+    for field in ["p50_ratio", "p99_ratio", "p999_ratio"] {
+        assert!(j[field].is_number(), "{field} missing in {j}");
+    }
+    assert!(!dir.path().join("c").exists(), "the benchmark volumes were not removed");
 }
 
 fn code(args: &[&str]) -> i32 {
@@ -339,4 +363,72 @@ fn plan_live_reads_a_servers_planner_or_says_why_it_cannot() {
     let out = kvhoard(&["plan", "live", &metrics]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("cannot reach"), "{stderr}");
+}
+
+#[test]
+fn ns_set_keeps_placement_settings_and_ttl_reads_a_servers_group_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let vol = p(&vol);
+    ok(&["init", vol, "--capacity", "64MiB", "--segment-size", "4MiB"]);
+    // A lossy codec among the planner's needs lossy codecs allowed, and the error says so.
+    let out = kvhoard(&["ns", "set", vol, "kv", "--codecs", "lossless quant:bits=8"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--lossy allow"));
+    let out = kvhoard(&["ns", "set", vol, "kv", "--ttl-groups", "8"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ttl-budget"), "group TTL needs a budget");
+    let out = kvhoard(&["ns", "set", vol, "kv", "--drift", "lots"]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = ok(&[
+        "ns",
+        "set",
+        vol,
+        "kv",
+        "--lossy",
+        "allow",
+        "--codecs",
+        "lossless quant:bits=8",
+        "--alpha",
+        "0.1",
+        "--drift",
+        "10%",
+        "--ttl-budget",
+        "1GiB",
+        "--ttl-groups",
+        "16",
+        "--ttl-window",
+        "30m",
+    ]);
+    assert!(said.contains("alpha 0.1 s") && said.contains("group TTL within 1.0 GiB"), "{said}");
+    // What is not given keeps its value; `default` unsets one.
+    ok(&["ns", "set", vol, "kv", "--alpha", "default"]);
+    let shown: serde_json::Value = serde_json::from_str(&ok(&["ns", "show", vol, "--json"])).unwrap();
+    let kv = &shown[0];
+    assert_eq!(kv["namespace"], "kv");
+    assert_eq!(kv["alpha"], serde_json::Value::Null);
+    assert_eq!(kv["drift"], 0.1);
+    assert_eq!(kv["codecs"], "lossless:level=1 quant:bits=8,group=32,residual=0");
+    assert_eq!(kv["ttl"]["budget_bytes"], 1u64 << 30);
+    assert_eq!(kv["ttl"]["groups"], 16);
+    assert_eq!(kv["ttl"]["window_s"], 1800);
+
+    // A server keeps group TTL for the namespace: `kvhoard ttl` shows it once blocks are used.
+    use std::io::{Read, Write};
+    let (mut child, _err, line) = serve_with(vol, &["--resp", "0", "--resp-namespace", "kv", "--metrics", "0"]);
+    let metrics = served_at(&line, "http://");
+    let shown = ok(&["ttl", &metrics]);
+    assert!(shown.contains("no namespace keeps group TTL"), "nothing used yet: {shown}");
+    let mut c = std::net::TcpStream::connect(served_at(&line, "resp://")).unwrap();
+    c.write_all(b"*3\r\n$3\r\nSET\r\n$9\r\nm/x@1@0@1\r\n$5\r\nhello\r\n").unwrap();
+    let mut reply = [0u8; 5];
+    c.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"+OK\r\n");
+    let shown = ok(&["ttl", &metrics]);
+    assert!(shown.contains("namespace kv: budget 1.0 GiB on average, 16 groups at most, window 1800 s"), "{shown}");
+    assert!(shown.contains("1 accesses in the window"), "{shown}");
+    let json: serde_json::Value = serde_json::from_str(&ok(&["ttl", &metrics, "--json"])).unwrap();
+    assert_eq!(json[0]["namespace"], "kv");
+    // SAFETY: kill sends a signal to the child's pid; no memory is involved.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
 }

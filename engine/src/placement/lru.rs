@@ -57,13 +57,14 @@ mod tests {
     #[test]
     fn blocks_read_since_their_write_are_kept() {
         let lru = Lru::default();
+        let policy = crate::Policy::default();
         let block = |reads| LiveBlock {
             namespace: "n",
             raw_bytes: 1,
             record_bytes: 4096,
             group: None,
             context: 0,
-            lossy: false,
+            policy: &policy,
             reads,
             age_ms: 5,
         };

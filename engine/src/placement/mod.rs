@@ -37,6 +37,7 @@ pub use planned::{Planned, PlannedConfig};
 use kvhoard_kernels::CodecSpec;
 
 use crate::index::{group_fp, key_fp, KeyId};
+use crate::policy::Policy;
 
 /// The context a block belongs to: its group in its namespace when the client named one, else
 /// the block alone (its key). 64 bits of a fingerprint of either.
@@ -65,8 +66,8 @@ pub struct BlockInfo<'a> {
     pub context: u64,
     /// At a put: its key named no block before (the put adds a block to its context).
     pub new_key: bool,
-    /// Whether its namespace allows lossy codecs.
-    pub lossy: bool,
+    /// Its namespace's policy: whether lossy codecs are allowed, and its settings.
+    pub policy: &'a Policy,
     /// The codec its record is stored with (`None`: as it was put). At a put that names no
     /// codec, before it is compressed ([`Placement::codec_at_put`]), always `None`.
     pub codec: Option<CodecSpec>,
@@ -100,8 +101,8 @@ pub struct LiveBlock<'a> {
     pub group: Option<u64>,
     /// Its context ([`context_of`]).
     pub context: u64,
-    /// Whether its namespace allows lossy codecs.
-    pub lossy: bool,
+    /// Its namespace's policy: whether lossy codecs are allowed, and its settings.
+    pub policy: &'a Policy,
     /// Reads since its record was last written (saturating at 255).
     pub reads: u8,
     /// Milliseconds since its record was last written.
@@ -213,6 +214,14 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     /// A get found the block (in the DRAM tier or on the log).
     fn on_hit(&self, block: &BlockInfo<'_>) {
         let _ = block;
+    }
+
+    /// A client observed `observed` quality (0 to 1) from `context`'s blocks as they are kept
+    /// now; `drift` is its namespace's threshold. Returns whether the context was scored again
+    /// (always `false` for a placement without a planner).
+    fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
+        let _ = (context, observed, drift);
+        false
     }
 
     /// A put that names no codec and brings no compressed bytes: the codec to store the block

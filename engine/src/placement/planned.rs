@@ -150,7 +150,7 @@ impl Planned {
     /// it further. A lossy copy is never made better: a context that needs more quality than its
     /// stored form has is recomputed by the client (it is treated as dropped). Returns whether the
     /// context was scored again.
-    pub fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
+    fn rescore(&self, context: u64, observed: f64, drift: f64) -> bool {
         let mut state = self.lock();
         let assumed = state.planner.quality_of(context);
         if !(observed.is_finite() && observed < assumed * (1.0 - drift.clamp(0.0, 1.0))) {
@@ -180,11 +180,27 @@ impl Planned {
     }
 
     /// The quality of each option for `block`'s context: its profile, or the configuration's
-    /// estimates; -inf (never chosen) for a lossy option where its namespace denies lossy codecs.
+    /// estimates; -inf (never chosen) for a lossy option where its namespace denies lossy codecs,
+    /// and for a codec its namespace does not list among its allowed ones.
     fn quality_of(&self, state: &State, block: &BlockInfo<'_>) -> Vec<f64> {
         let quality = state.profiles.get(&block.context).unwrap_or(&self.quality);
         let options = &state.planner.config().options;
-        quality.iter().zip(options).map(|(q, o)| if o.lossy && !block.lossy { f64::NEG_INFINITY } else { *q }).collect()
+        let policy = block.policy;
+        let codec = |k: usize| self.codecs.get(k).copied().flatten();
+        quality
+            .iter()
+            .zip(options)
+            .enumerate()
+            .map(|(k, (q, o))| {
+                let denied = o.lossy && !policy.lossy;
+                let unlisted = k < self.codecs.len() && !policy.settings.allows(codec(k).as_ref());
+                if denied || unlisted {
+                    f64::NEG_INFINITY
+                } else {
+                    *q
+                }
+            })
+            .collect()
     }
 
     /// Sets the bytes the kept blocks may take: most of the volume (the rest is the cleaner's
@@ -209,7 +225,8 @@ impl Planned {
             state.planner.resize(block.context, blocks);
         } else {
             let quality = self.quality_of(state, block);
-            state.planner.touch(block.context, now, blocks.max(1), block.raw_bytes, &quality);
+            let alpha = block.policy.settings.alpha;
+            state.planner.touch(block.context, now, blocks.max(1), block.raw_bytes, &quality, alpha);
         }
         if put {
             self.observe(state, block);
@@ -281,13 +298,18 @@ impl Placement for Planned {
         self.access(block, 0, false);
     }
 
+    fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
+        self.rescore(context, observed, drift)
+    }
+
     fn codec_at_put(&self, block: &BlockInfo<'_>) -> Option<CodecSpec> {
         self.maintain();
         let now = self.clock.now_unix_ms();
         let state = self.lock();
         let quality = self.quality_of(&state, block);
         let blocks = state.planner.blocks_of(block.context).max(1);
-        let option = state.planner.option_for_put(block.context, now, blocks, block.raw_bytes, &quality);
+        let alpha = block.policy.settings.alpha;
+        let option = state.planner.option_for_put(block.context, now, blocks, block.raw_bytes, &quality, alpha);
         self.codecs.get(option).copied().flatten()
     }
 
@@ -365,6 +387,11 @@ mod tests {
 
     use super::*;
     use crate::placement::planner::StoreOption;
+    use crate::policy::{NsSettings, Policy};
+
+    const NO_SETTINGS: NsSettings = NsSettings { alpha: None, codecs: None, drift: None, ttl: None };
+    static LOSSY: Policy = Policy { codec: None, lossy: true, settings: NO_SETTINGS };
+    static STRICT: Policy = Policy { codec: None, lossy: false, settings: NO_SETTINGS };
 
     fn planned(budget: u64) -> (Planned, Arc<AtomicU64>) {
         let q8 = CodecSpec::quant(8, 32, 0);
@@ -394,7 +421,7 @@ mod tests {
             group: Some(context),
             context,
             new_key: true,
-            lossy: true,
+            policy: &LOSSY,
             codec: None,
         }
     }
@@ -406,7 +433,7 @@ mod tests {
             record_bytes: 4096,
             group: Some(context),
             context,
-            lossy: true,
+            policy: &LOSSY,
             reads,
             age_ms: 0,
         }
@@ -494,9 +521,43 @@ mod tests {
     }
 
     #[test]
+    fn a_namespaces_settings_close_codecs_and_weigh_quality() {
+        // Bytes are dear: the second context is compressed where its namespace allows quant8.
+        let raw_only = |p: &Planned, policy: &Policy| {
+            for _ in 0..8 {
+                p.on_put(&BlockInfo { policy, ..info(1) });
+            }
+            for _ in 0..8 {
+                p.on_put(&BlockInfo { policy, ..info(2) });
+            }
+            (p.option_of(1), p.option_of(2))
+        };
+        let (p, _) = planned(1_200);
+        let (a, b) = raw_only(&p, &LOSSY);
+        assert!(a == 1 || b == 1, "quant8 where it is allowed: {a}, {b}");
+        // Only the form as put is listed: the planner drops rather than quantizes.
+        let listed = Policy {
+            settings: NsSettings { codecs: Some(Arc::from(Vec::<CodecSpec>::new())), ..NO_SETTINGS },
+            ..LOSSY.clone()
+        };
+        let (p, _) = planned(1_200);
+        let (a, b) = raw_only(&p, &listed);
+        assert!(a != 1 && b != 1, "quant8 is not among the namespace's codecs: {a}, {b}");
+        assert!(p.report().planned_bytes <= 1_200);
+        // A namespace whose α makes quality worth little: dropped rather than kept (the
+        // recompute's delay is what a dropped context costs, and quality is worth almost none).
+        let cheap = Policy { settings: NsSettings { alpha: Some(1e-6), ..NO_SETTINGS }, ..LOSSY.clone() };
+        let (p, _) = planned(1_200);
+        p.on_put(&BlockInfo { policy: &cheap, ..info(7) });
+        let view = p.plan_view(10).unwrap();
+        let c = view.contexts.iter().find(|c| c.context == 7).unwrap();
+        assert_eq!(c.alpha, 1e-6, "the context carries its namespace's α");
+    }
+
+    #[test]
     fn a_quality_report_keeps_lossy_forms_closed_to_a_strict_namespace() {
         let (p, now) = planned(u64::MAX);
-        let strict = BlockInfo { lossy: false, ..info(5) };
+        let strict = BlockInfo { policy: &STRICT, ..info(5) };
         p.on_put(&strict);
         now.store(2_000, Ordering::Relaxed);
         assert!(p.report_quality(5, 0.5, 0.05), "below what raw was assumed to keep");
@@ -552,7 +613,7 @@ mod tests {
         assert_eq!(p.codec_at_put(&info(8)), None);
         // Nor is one whose namespace denies lossy codecs; and when bytes are short, its
         // contexts are dropped, never quantized.
-        let strict = |context| BlockInfo { lossy: false, ..info(context) };
+        let strict = |context| BlockInfo { policy: &STRICT, ..info(context) };
         assert_eq!(p.codec_at_put(&strict(9)), None);
         for c in 20..40 {
             now.store(6_000 + c, Ordering::Relaxed);
@@ -562,7 +623,7 @@ mod tests {
         }
         assert!(p.report().planned_bytes <= 1_200);
         for c in 20..40 {
-            let keep = p.keep(&LiveBlock { lossy: false, ..live(c, 0) });
+            let keep = p.keep(&LiveBlock { policy: &STRICT, ..live(c, 0) });
             assert!(matches!(keep, Keep::Relocate | Keep::Drop), "context {c}: {keep:?}");
         }
     }

@@ -22,7 +22,9 @@
 //! rebalance would compress is compressed when it is put, not written twice.
 //!
 //! Decisions that discard information are final for a copy: a context compressed lossily is never
-//! decompressed back; when it needs more quality it is recomputed by the client (dropped).
+//! decompressed back nor compressed harder (its only step is to be dropped, as cleaning would
+//! not recode its lossy form); when it needs more quality it is recomputed by the client
+//! (dropped).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -63,6 +65,8 @@ struct Context {
     ln_freq: f64,
     /// Estimated quality per option (1 for lossless).
     quality: Vec<f64>,
+    /// Its α (its namespace's, else the configuration's).
+    alpha: f64,
     option: usize,
     version: u64,
 }
@@ -117,6 +121,8 @@ pub struct ContextView {
     pub freq: f64,
     /// Per option: the quality it keeps for this context.
     pub quality: Vec<f64>,
+    /// Its α: seconds of delay its whole quality is worth.
+    pub alpha: f64,
     /// Per option: its utility for the whole context now, `(α · quality − delay) · freq · blocks`.
     pub utility: Vec<f64>,
 }
@@ -206,17 +212,21 @@ impl Planner {
         let Some(o) = self.config.options.get(option) else { return f64::NEG_INFINITY };
         let dropped = o.ratio == 0.0;
         let q = if dropped { 1.0 } else { c.quality.get(option).copied().unwrap_or(1.0) };
-        self.config.alpha * q - o.delay_s
+        c.alpha * q - o.delay_s
     }
 
     /// The best step down from `c`'s option: (option, ln(loss per byte freed) + ln freq).
     fn next_step(&self, c: &Context) -> Option<(usize, f64)> {
         let (b0, u0) = (self.bytes(c, c.option), self.utility(c, c.option));
+        // A lossy form is final for its copy: recoded again it would lose more than the next
+        // option's quality says, so from it the only step is to drop the context.
+        let lossy = self.config.options.get(c.option).is_some_and(|o| o.lossy);
+        let dropped = self.dropped();
         let mut best: Option<(usize, f64)> = None;
         for k in 0..self.config.options.len() {
             let freed = b0 - self.bytes(c, k);
             // An option the context may not take (its quality is -inf) is never a step.
-            if freed <= 0.0 || !self.utility(c, k).is_finite() {
+            if freed <= 0.0 || !self.utility(c, k).is_finite() || (lossy && k != dropped) {
                 continue;
             }
             // Loss per byte at unit frequency, times the blocks it is summed over.
@@ -237,9 +247,19 @@ impl Planner {
     }
 
     /// A request used `context`, which now has `blocks` blocks of `raw_bytes` kept (or about to
-    /// be), at `now_ms`, with `quality` the estimated quality of each option for it. A context
-    /// that was dropped starts again from the first option.
-    pub fn touch(&mut self, context: u64, now_ms: u64, blocks: u64, raw_bytes: u64, quality: &[f64]) {
+    /// be), at `now_ms`, with `quality` the estimated quality of each option for it and `alpha`
+    /// its α (`None`: the configuration's). A context that was dropped starts again from the
+    /// first option.
+    pub fn touch(
+        &mut self,
+        context: u64,
+        now_ms: u64,
+        blocks: u64,
+        raw_bytes: u64,
+        quality: &[f64],
+        alpha: Option<f64>,
+    ) {
+        let alpha = alpha.unwrap_or(self.config.alpha);
         let ln_now = self.ln_time(now_ms);
         let before = self.contexts.get(&context).map(|c| (self.bytes(c, c.option), c.option));
         let dropped = self.dropped();
@@ -248,6 +268,7 @@ impl Planner {
             raw_bytes,
             ln_freq: f64::NEG_INFINITY,
             quality: Vec::new(),
+            alpha,
             option: 0,
             version: 0,
         });
@@ -257,6 +278,7 @@ impl Planner {
         c.blocks = blocks;
         c.raw_bytes = raw_bytes;
         c.quality = quality.to_vec();
+        c.alpha = alpha;
         let admit = c.option == dropped || before.is_none();
         c.version += 1;
         if admit {
@@ -288,13 +310,22 @@ impl Planner {
     /// The option a put of `blocks` blocks of `raw_bytes` to `context` at `now_ms` would be
     /// stored with: the context's own, or, for a new or dropped one, the one admission gives it
     /// (as [`Planner::touch`] would). Changes nothing.
-    pub fn option_for_put(&self, context: u64, now_ms: u64, blocks: u64, raw_bytes: u64, quality: &[f64]) -> usize {
+    pub fn option_for_put(
+        &self,
+        context: u64,
+        now_ms: u64,
+        blocks: u64,
+        raw_bytes: u64,
+        quality: &[f64],
+        alpha: Option<f64>,
+    ) -> usize {
         let dropped = self.dropped();
         if let Some(c) = self.contexts.get(&context).filter(|c| c.option != dropped) {
             return c.option;
         }
         let ln_now = self.ln_time(now_ms);
-        let c = Context { blocks, raw_bytes, ln_freq: ln_now, quality: quality.to_vec(), option: 0, version: 0 };
+        let alpha = alpha.unwrap_or(self.config.alpha);
+        let c = Context { blocks, raw_bytes, ln_freq: ln_now, quality: quality.to_vec(), alpha, option: 0, version: 0 };
         self.admission(&c)
     }
 
@@ -344,6 +375,7 @@ impl Planner {
                 option: c.option,
                 freq: freq_now(c),
                 quality: c.quality.clone(),
+                alpha: c.alpha,
                 utility: (0..self.config.options.len())
                     .map(|k| self.utility(c, k) * freq_now(c) * c.blocks as f64)
                     .collect(),
@@ -554,7 +586,7 @@ mod tests {
                 let quality =
                     vec![1.0, 0.99 - f64::from(rng.uniform()) * 0.05, 0.9 - f64::from(rng.uniform()) * 0.3, 1.0];
                 for t in 0..=rng.below(5) {
-                    p.touch(id, t * 1000, blocks, 100, &quality);
+                    p.touch(id, t * 1000, blocks, 100, &quality, None);
                 }
                 raw_total += blocks * 100;
             }
@@ -584,9 +616,9 @@ mod tests {
         let q = [1.0, 0.98, 0.8, 1.0];
         // A hot context, read ten times; a cold one, once; both of 8 blocks of 100 bytes.
         for t in 0..10 {
-            p.touch(1, t * 1000, 8, 100, &q);
+            p.touch(1, t * 1000, 8, 100, &q, None);
         }
-        p.touch(2, 10_000, 8, 100, &q);
+        p.touch(2, 10_000, 8, 100, &q, None);
         assert_eq!(p.stored_bytes(), 1600);
         let changes = p.rebalance();
         assert!(p.stored_bytes() <= 1000);
@@ -594,21 +626,40 @@ mod tests {
         assert_ne!(p.option_of(2), 0, "the cold one gives way: {changes:?}");
         // Read again, a dropped context is stored again, in the form worth most at the price
         // bytes have now: compressed, since they are dear.
-        p.touch(3, 11_000, 1, 100, &q);
+        p.touch(3, 11_000, 1, 100, &q, None);
         p.config.budget_bytes = 0;
         p.rebalance();
         assert_eq!(p.stored_bytes(), 0);
-        p.touch(3, 12_000, 1, 100, &q);
+        p.touch(3, 12_000, 1, 100, &q, None);
         assert!((1..3).contains(&p.option_of(3)), "{}", p.option_of(3));
+    }
+
+    #[test]
+    fn a_lossy_context_is_only_dropped_further() {
+        // Recomputing is slow here: quantizing comes first.
+        let mut options = options();
+        options[3].delay_s = 0.1;
+        let mut p = Planner::new(PlannerConfig { alpha: 0.5, half_life_ms: 600_000, budget_bytes: 1200, options });
+        let q = [1.0, 0.98, 0.97, 1.0];
+        for t in 0..10 {
+            p.touch(1, t * 1000, 8, 100, &q, None);
+        }
+        p.touch(2, 10_000, 8, 100, &q, None);
+        p.rebalance();
+        assert_eq!((p.option_of(1), p.option_of(2)), (0, 1), "the cold context is quantized");
+        // Tighter: its lossy copy is never quantized harder (cleaning would not recode it).
+        p.config.budget_bytes = 600;
+        p.rebalance();
+        assert_ne!(p.option_of(2), 2, "from a lossy form the only step is to drop");
     }
 
     #[test]
     fn decay_does_not_reorder_untouched_contexts() {
         let mut p = planner(u64::MAX);
         let q = [1.0, 0.98, 0.8, 1.0];
-        p.touch(1, 0, 1, 100, &q);
-        p.touch(1, 1, 1, 100, &q);
-        p.touch(2, 3_600_000, 1, 100, &q);
+        p.touch(1, 0, 1, 100, &q, None);
+        p.touch(1, 1, 1, 100, &q, None);
+        p.touch(2, 3_600_000, 1, 100, &q, None);
         // Context 1 was read twice an hour ago (six half-lives): less than context 2's once now.
         assert!(p.contexts[&1].ln_freq < p.contexts[&2].ln_freq);
     }

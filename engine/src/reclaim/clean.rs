@@ -32,6 +32,7 @@ use crate::log::scan::{check_payload, read_summary};
 use crate::log::{Loc, Pos, SegState};
 use crate::parts::Parts;
 use crate::placement::{context_of, Keep, LiveBlock};
+use crate::policy::Policy;
 use crate::store::append::{Prepared, SOURCE_CHANGED};
 use crate::store::recode::Recoded;
 
@@ -158,15 +159,21 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     // Blocks here whose writing key no longer names them, but other keys (links elsewhere) do.
     let mut orphans: HashMap<u32, (Loc, RecordHeader)> = HashMap::new();
     let mut kept_slots = Vec::new();
-    let lossy = |namespace: &str| parts.policies.get(namespace).lossy;
-    fn info(h: &RecordHeader, raw: u32, units: u32, reads: u8, now_ms: u64, lossy: bool) -> LiveBlock<'_> {
+    fn info<'a>(
+        h: &'a RecordHeader,
+        raw: u32,
+        units: u32,
+        reads: u8,
+        now_ms: u64,
+        policy: &'a Policy,
+    ) -> LiveBlock<'a> {
         LiveBlock {
             namespace: &h.namespace,
             raw_bytes: u64::from(raw),
             record_bytes: u64::from(units) * UNIT_BYTES,
             group: h.group_id,
             context: context_of(h.group_id, &h.namespace, &h.key),
-            lossy,
+            policy,
             reads,
             age_ms: now_ms.saturating_sub(h.created_unix_ms),
         }
@@ -190,14 +197,8 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             continue;
         };
         let Some(c) = index.content(k.content).copied() else { continue };
-        let recode = match parts.placement.keep(&info(
-            h,
-            c.raw_len,
-            c.units,
-            index.heat(k.content),
-            now_ms,
-            lossy(&h.namespace),
-        )) {
+        let policy = parts.policies.get(&h.namespace);
+        let recode = match parts.placement.keep(&info(h, c.raw_len, c.units, index.heat(k.content), now_ms, &policy)) {
             Keep::Drop => continue,
             Keep::Relocate => None,
             // Other keys name this block too: a new form under this key would leave them none.
@@ -225,7 +226,8 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
         let c = index.content(*slot).copied();
         !kept_slots.contains(slot)
             && c.is_some_and(|c| {
-                let block = info(h, c.raw_len, c.units, index.heat(*slot), now_ms, lossy(&h.namespace));
+                let policy = parts.policies.get(&h.namespace);
+                let block = info(h, c.raw_len, c.units, index.heat(*slot), now_ms, &policy);
                 parts.placement.keep(&block) != Keep::Drop
             })
     });

@@ -306,6 +306,7 @@ impl Parts {
         fresh: bool,
         new_key: bool,
     ) {
+        let policy = self.policies.get(&header.namespace);
         let info = BlockInfo {
             namespace: &header.namespace,
             raw_bytes: header.raw_len,
@@ -313,7 +314,7 @@ impl Parts {
             group: header.group_id,
             context: context_of(header.group_id, &header.namespace, &header.key),
             new_key,
-            lossy: self.policies.get(&header.namespace).lossy,
+            policy: &policy,
             codec: stored_codec(&header.desc, header.raw_len, &header.compression),
         };
         let dram = !fresh || self.placement.on_put(&info).dram;

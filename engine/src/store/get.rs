@@ -23,6 +23,7 @@ use crate::index::{bytes_prefix, content_fp, header_fp, is_expired, key_fp, Cont
 use crate::log::scan::check_payload;
 use crate::options::ReadOptions;
 use crate::parts::Parts;
+use crate::placement::group_ttl::Access;
 use crate::placement::{context_of, BlockInfo};
 use crate::tier::DramRead;
 
@@ -260,6 +261,16 @@ impl Store {
 impl Parts {
     /// Tells placement a get found `key`'s block.
     pub(super) fn hit(&self, namespace: &str, key: &str, meta: &BlockMeta) {
+        let policy = self.policies.get(namespace);
+        if let Some(settings) = &policy.settings.ttl {
+            let access = Access {
+                at_ms: self.clock.now_unix_ms(),
+                block: context_of(None, namespace, key),
+                group: context_of(meta.group_id, namespace, key),
+                bytes: meta.raw_len,
+            };
+            self.ttls.at_hit(namespace, settings, access);
+        }
         self.placement.on_hit(&BlockInfo {
             namespace,
             raw_bytes: meta.raw_len,
@@ -267,7 +278,7 @@ impl Parts {
             group: meta.group_id,
             context: context_of(meta.group_id, namespace, key),
             new_key: false,
-            lossy: self.policies.get(namespace).lossy,
+            policy: &policy,
             codec: stored_codec(&meta.desc, meta.raw_len, &meta.compression),
         });
     }
@@ -433,6 +444,7 @@ impl Parts {
 
     /// Asks placement whether a block just read from the log stays in the DRAM tier.
     fn place_loaded(&self, buf: &Arc<crate::buffer::PooledBuf>, header: &RecordHeader, entry: &ContentEntry) {
+        let policy = self.policies.get(&header.namespace);
         let info = BlockInfo {
             namespace: &header.namespace,
             raw_bytes: header.raw_len,
@@ -440,7 +452,7 @@ impl Parts {
             group: header.group_id,
             context: context_of(header.group_id, &header.namespace, &header.key),
             new_key: false,
-            lossy: self.policies.get(&header.namespace).lossy,
+            policy: &policy,
             codec: stored_codec(&header.desc, header.raw_len, &header.compression),
         };
         if self.placement.on_load(&info) {

@@ -14,6 +14,7 @@ mod decode;
 mod get;
 mod list;
 mod pin;
+mod plan;
 mod prometheus;
 mod put;
 pub(crate) mod recode;
@@ -44,11 +45,13 @@ use crate::log::{Log, LogState};
 use crate::metrics::Metrics;
 use crate::options::{CreateOptions, StoreOptions};
 use crate::parts::Parts;
+use crate::placement::group_ttl;
 use crate::policy::{Policies, Policy};
 use crate::reclaim::cleaner;
 use crate::reclaim::control::CleanerControl;
 use crate::reclaim::pins::Pins;
 use crate::recovery::{recover, RecoveryReport};
+use crate::thread::Stopper;
 use crate::tier::Tiers;
 use crate::volume::{self, VolumePaths};
 
@@ -62,6 +65,8 @@ pub struct Store {
     checkpointer: Mutex<Option<JoinHandle<()>>>,
     /// The background cleaner, when placement cleans.
     cleaner: Mutex<Option<(Arc<CleanerControl>, JoinHandle<()>)>>,
+    /// Group TTL's planning thread.
+    ttl_planner: Mutex<Option<(Arc<Stopper>, JoinHandle<()>)>>,
 }
 
 impl Store {
@@ -192,6 +197,7 @@ impl Store {
             codecs: Codecs::default(),
             cleaner: Arc::new(CleanerControl::default()),
             policies: Policies::load(volume::read_policies(dev_for_policies.as_ref())),
+            ttls: Arc::default(),
             metrics: Metrics::default(),
             clock: opts.clock.clone(),
             recovery: recovered.report,
@@ -210,11 +216,14 @@ impl Store {
         } else {
             None
         };
+        let stopper = Arc::new(Stopper::default());
+        let ttl_planner = group_ttl::spawn(Arc::downgrade(&parts.ttls), parts.clock.clone(), Arc::clone(&stopper))?;
         let store = Store {
             parts,
             writer: Mutex::new(Some(writer)),
             checkpointer: Mutex::new(Some(checkpointer)),
             cleaner: Mutex::new(cleaner),
+            ttl_planner: Mutex::new(Some((stopper, ttl_planner))),
         };
         let report = &store.parts.recovery;
         if report.records_replayed > 0 || report.stale_segments_freed > 0 {
@@ -262,8 +271,11 @@ impl Store {
         let parts = &self.parts;
         // One writer of the superblock at a time: the log lock, which nothing holds for long.
         let _state = parts.log.lock();
-        let stored = parts.policies.with(namespace, policy);
+        let stored = parts.policies.with(namespace, policy.clone());
         volume::write_superblocks(parts.log.dev.as_ref(), &parts.log.sb, &stored)?;
+        if parts.policies.get(namespace).settings.ttl != policy.settings.ttl {
+            parts.ttls.forget(namespace);
+        }
         parts.policies.set(namespace, policy);
         Ok(())
     }
@@ -280,6 +292,7 @@ impl Store {
     /// sealed here if it has room. Releases the volume's lock, so it can be opened again while
     /// this handle lives; every later call on this handle fails with [`StoreError::Closed`].
     pub fn close(&self) -> Result<()> {
+        self.stop_ttl_planner();
         self.stop_cleaner();
         self.stop_writer();
         self.stop_checkpointer();
@@ -304,6 +317,15 @@ impl Store {
         // the checkpoint failed) may take the volume.
         parts.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
         result
+    }
+
+    /// Stops group TTL's planning thread after the plan it is making, and waits for it.
+    fn stop_ttl_planner(&self) {
+        let planner = self.ttl_planner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((stopper, handle)) = planner {
+            stopper.stop();
+            let _ = handle.join();
+        }
     }
 
     /// Stops the cleaner after the segment it is cleaning, and waits for it.

@@ -13,7 +13,9 @@ use crate::error::{Result, StoreError};
 use crate::index::{header_fp, key_fp};
 use crate::log::Pos;
 use crate::options::{Durability, PutOptions};
+use crate::placement::group_ttl::Access;
 use crate::placement::{context_of, BlockInfo};
+use crate::policy::Policy;
 
 /// A batch larger than this is prepared in groups of about this size, the next while the last
 /// is written.
@@ -33,14 +35,14 @@ impl Store {
         let parts = &self.parts;
         parts.clean_if_short()?;
         let now = parts.clock.now_unix_ms();
+        let policy = parts.policies.get(namespace);
         // Everything that can refuse a put is checked before any of the batch is written.
         let checked = items
             .iter()
-            .map(|(key, bytes)| Ok((self.checked_header(namespace, key, bytes, opts, now)?, *bytes)))
+            .map(|(key, bytes)| Ok((self.checked_header(namespace, key, bytes, opts, &policy, now)?, *bytes)))
             .collect::<Result<Vec<_>>>()?;
         // Bytes the caller compressed are stored as given; others with the codec asked for, or
         // placement's for the batch's context where the namespace allows it, or the namespace's.
-        let policy = parts.policies.get(namespace);
         let codec = match &opts.compression {
             Some(meta) => {
                 policy.allows_frame(namespace, meta)?;
@@ -56,7 +58,7 @@ impl Store {
                         group: opts.group,
                         context: context_of(opts.group, namespace, &header.key),
                         new_key: true,
-                        lossy: policy.lossy,
+                        policy: &policy,
                         codec: None,
                     })
                 });
@@ -209,6 +211,7 @@ impl Store {
         key: &str,
         bytes: &[u8],
         opts: &PutOptions,
+        policy: &Policy,
         now: u64,
     ) -> Result<RecordHeader> {
         validate_key(key)?;
@@ -221,6 +224,19 @@ impl Store {
             (None, false) => return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash")),
             (None, true) => (bytes.len() as u64, [0; 32]),
         };
+        // A put that gives no TTL takes its group's where the namespace keeps group TTL.
+        let group_ttl = match (opts.ttl_secs, &policy.settings.ttl) {
+            (None, Some(settings)) => {
+                let access = Access {
+                    at_ms: now,
+                    block: context_of(None, namespace, key),
+                    group: context_of(opts.group, namespace, key),
+                    bytes: raw_len,
+                };
+                self.parts.ttls.at_put(namespace, settings, access)
+            }
+            _ => None,
+        };
         let header = RecordHeader {
             kind: RecordKind::Block,
             segment_seq: 0,
@@ -231,7 +247,7 @@ impl Store {
             raw_len,
             stored_len: bytes.len() as u64,
             created_unix_ms: now,
-            ttl_secs: opts.ttl_secs.unwrap_or(0),
+            ttl_secs: opts.ttl_secs.or(group_ttl).unwrap_or(0),
             group_id: opts.group,
             parent_hash: opts.parent,
             desc: opts.desc.clone().unwrap_or_else(BlockDesc::opaque),

@@ -133,12 +133,6 @@ pub struct Stats {
 }
 
 impl Store {
-    /// What placement's planner decides now, for people: its `limit` most used contexts and the
-    /// next steps it would take (`None` for a placement without a planner).
-    pub fn plan_view(&self, limit: usize) -> Option<crate::placement::PlanView> {
-        self.parts.placement.plan_view(limit)
-    }
-
     /// The store's state and counters now.
     pub fn stats(&self) -> Stats {
         let parts = &self.parts;

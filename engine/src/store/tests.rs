@@ -757,7 +757,7 @@ fn get_into_decodes_compressed_blocks_and_reads_cached_ones() {
     assert!(buf[..n] == kv[..]);
     assert_eq!(s.stats().direct_reads, 0);
     // A codec this build does not know: a clear error for a decoded read, the frame as stored.
-    s.set_policy("default", crate::Policy { codec: None, lossy: true }).unwrap();
+    s.set_policy("default", crate::Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     let stored = block(4, 200_000);
     let opts = PutOptions {
         compression: Some(kvhoard_format::record::CompressionMeta { codec_id: 7, codec_version: 1, params: vec![1] }),

@@ -174,6 +174,15 @@ impl Store {
         Ok(Some((PyBytes::new(py, &frame), meta)))
     }
 
+    /// Reports the quality (0 to 1; 1 is what the uncompressed blocks give) a client observed
+    /// from the context of `key` (its `group` when blocks were put with one) as it is stored now.
+    /// When it falls below what the placement planner assumed by more than the namespace's drift
+    /// threshold, the context is scored again. Returns whether it was (False without a planner).
+    #[pyo3(signature = (key, quality, *, group=None))]
+    fn report_quality(&self, py: Python<'_>, key: &str, quality: f64, group: Option<u64>) -> PyResult<bool> {
+        py.detach(|| self.engine.report_quality(&self.namespace, group, key, quality)).map_err(engine_error)
+    }
+
     /// Rewrites the block under `key` with `codec` (e.g. from lossless to `"quant:bits=8"`, or
     /// 8-bit to 4-bit); readers see the old or the new form, whole. False if the key is gone or
     /// changed meanwhile.
@@ -186,7 +195,9 @@ impl Store {
     /// as they are) and whether lossy codecs may be applied in it.
     #[pyo3(signature = (namespace, *, codec=None, lossy=false))]
     fn set_policy(&self, py: Python<'_>, namespace: &str, codec: Option<&str>, lossy: bool) -> PyResult<()> {
-        let policy = Policy { codec: parse_codec(codec)?.filter(|c| !c.is_raw()), lossy };
+        // Placement settings (`kvhoard ns set`) are kept as they are.
+        let settings = self.engine.policy(namespace).settings;
+        let policy = Policy { codec: parse_codec(codec)?.filter(|c| !c.is_raw()), lossy, settings };
         py.detach(|| self.engine.set_policy(namespace, policy)).map_err(engine_error)
     }
 

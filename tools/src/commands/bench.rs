@@ -12,6 +12,8 @@
 //!   per call.
 //! - `restart`: stores `--blocks` small blocks, then times opening the volume from its
 //!   checkpoint and from its log alone, and reports the index's memory per block.
+//! - `cleaning`: get latency while the background cleaner works against the same workload
+//!   without it, alternated (`bench_cleaning.rs`).
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -65,6 +67,12 @@ pub struct BenchFlags {
     /// Number of blocks (restart).
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub blocks: u64,
+    /// Phases per volume, alternated (cleaning).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub rounds: usize,
+    /// MB/s the writer puts at while gets are timed (cleaning): the same for both volumes.
+    #[arg(long, default_value_t = 100.0, value_name = "MBPS")]
+    pub put_mbps: f64,
     /// Store the blocks with this codec (throughput): the blocks are then synthetic KV caches
     /// (bf16, 256 tokens of 8 heads × 128 channels per layer, one layer per MiB) that codecs can
     /// compress, instead of random bytes; MB/s count the original bytes, `stored_ratio` is
@@ -95,6 +103,8 @@ pub struct BenchArgs {
     pub tier: Tier,
     pub compare_files: bool,
     pub blocks: u64,
+    pub rounds: usize,
+    pub put_mbps: f64,
     pub keep: bool,
     pub json: bool,
     pub direct_io: bool,
@@ -111,6 +121,7 @@ impl BenchArgs {
             block_size: flags.block_size.unwrap_or(match flags.workload {
                 Workload::Throughput => 2 << 20,
                 Workload::Restart => 8,
+                Workload::Cleaning => 1 << 20,
             }),
             total: flags.total,
             threads: flags.threads,
@@ -120,6 +131,8 @@ impl BenchArgs {
             tier: flags.tier,
             compare_files: flags.compare_files,
             blocks: flags.blocks,
+            rounds: flags.rounds,
+            put_mbps: flags.put_mbps,
             keep: flags.keep,
             json: flags.json,
             direct_io,
@@ -146,6 +159,10 @@ pub enum Workload {
     Throughput,
     /// Open time and index memory with many blocks.
     Restart,
+    /// Get latency with the background cleaner at work and without it, alternated: a tight
+    /// volume of --total bytes against a roomy one, each with a hot set read by --threads
+    /// readers while new blocks are put.
+    Cleaning,
 }
 
 pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
@@ -157,14 +174,17 @@ pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let result = match args.workload {
         Workload::Throughput => throughput(dir, args),
         Workload::Restart => restart(dir, args),
+        Workload::Cleaning => super::bench_cleaning::run(dir, args, args.rounds),
     };
     if !args.keep {
-        let files = VolumeFiles::of(dir);
-        let _ = std::fs::remove_file(&files.data);
-        if let Some(checkpoint) = &files.checkpoint {
-            let _ = std::fs::remove_file(checkpoint);
+        for dir in [dir.join("roomy"), dir.join("tight"), dir.to_path_buf()] {
+            let files = VolumeFiles::of(&dir);
+            let _ = std::fs::remove_file(&files.data);
+            if let Some(checkpoint) = &files.checkpoint {
+                let _ = std::fs::remove_file(checkpoint);
+            }
+            let _ = std::fs::remove_dir(&dir);
         }
-        let _ = std::fs::remove_dir(dir);
     }
     let report = result?;
     if args.json {
@@ -219,7 +239,8 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 "--codec needs --block-size a multiple of 1 MiB (a layer of 256 tokens × 1024 bf16 channels, K and V)"
             );
             let layers = u32::try_from(a.block_size / LAYER).context("--block-size is too large")?;
-            store.set_policy("bench", kvhoard_engine::Policy { codec: Some(spec), lossy: true })?;
+            store
+                .set_policy("bench", kvhoard_engine::Policy { codec: Some(spec), lossy: true, ..Default::default() })?;
             let blocks: Vec<Vec<u8>> = (0..8).map(|seed| Synth::new(layers, 256, 8, 128, seed).generate()).collect();
             (Some(Synth::new(layers, 256, 8, 128, 0).desc.desc()), blocks)
         }
@@ -516,18 +537,18 @@ fn read_order(count: u64, random: bool) -> Vec<u64> {
 }
 
 /// Makes a block's bytes unique by writing its number into its first bytes.
-fn stamp(buf: &mut [u8], i: u64) {
+pub(super) fn stamp(buf: &mut [u8], i: u64) {
     let n = buf.len().min(8);
     if let (Some(dst), Some(src)) = (buf.get_mut(..n), i.to_le_bytes().get(..n)) {
         dst.copy_from_slice(src);
     }
 }
 
-fn noise(seed: u64, len: usize) -> Vec<u8> {
+pub(super) fn noise(seed: u64, len: usize) -> Vec<u8> {
     kvhoard_kernels::rng::bytes(seed, len)
 }
 
-fn percentile(sorted: &[u32], p: f64) -> u32 {
+pub(super) fn percentile(sorted: &[u32], p: f64) -> u32 {
     if sorted.is_empty() {
         return 0;
     }
@@ -554,6 +575,6 @@ fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
 }
 
-fn round3(v: f64) -> f64 {
+pub(super) fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_cleaning;
 pub mod bench_codecs;
 pub mod cluster;
 pub mod demo;
@@ -9,12 +10,14 @@ pub mod init;
 pub mod inspect;
 pub mod keys;
 pub mod ls;
+pub mod metrics_client;
 pub mod mount;
 pub mod ns;
 pub mod plan_live;
 pub mod serve;
 pub mod signals;
 pub mod stat;
+pub mod ttl;
 
 use std::path::Path;
 

@@ -1,12 +1,83 @@
-//! `kvhoard ns`: show and set namespace policies (default codec, lossy allowed or not).
+//! `kvhoard ns`: show and set namespace policies: the default codec, whether lossy codecs are
+//! allowed, and the settings placement follows in the namespace (the planner's α, allowed codecs
+//! and drift threshold; group TTL's budget, groups and window).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
-use kvhoard_engine::{CodecSpec, Policy, StoreOptions};
+use kvhoard_engine::{CodecSpec, NsSettings, Policy, StoreOptions, TtlSettings};
 
 use super::open;
+
+/// A setting given on the command line: a value, or `default` to unset it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Setting<T> {
+    /// Back to the placement's own default.
+    Default,
+    /// This value.
+    Set(T),
+}
+
+impl<T> Setting<T> {
+    /// The setting's new value: given, unset (`default`), or `current` when not given.
+    fn over(given: Option<Setting<T>>, current: Option<T>) -> Option<T> {
+        match given {
+            None => current,
+            Some(Setting::Default) => None,
+            Some(Setting::Set(v)) => Some(v),
+        }
+    }
+}
+
+fn setting<T>(s: &str, parse: impl Fn(&str) -> Result<T, String>) -> Result<Setting<T>, String> {
+    if s == "default" {
+        Ok(Setting::Default)
+    } else {
+        parse(s).map(Setting::Set)
+    }
+}
+
+fn parse_alpha(s: &str) -> Result<Setting<f64>, String> {
+    setting(s, |s| s.parse::<f64>().map_err(|e| format!("{s:?} is not seconds ({e}); e.g. 0.05")))
+}
+
+fn parse_drift(s: &str) -> Result<Setting<f64>, String> {
+    setting(s, |s| {
+        let pct = s.strip_suffix('%').unwrap_or(s);
+        pct.parse::<f64>().map(|p| p / 100.0).map_err(|e| format!("{s:?} is not a percentage ({e}); e.g. 5%"))
+    })
+}
+
+fn parse_codecs(s: &str) -> Result<Setting<Vec<CodecSpec>>, String> {
+    setting(s, |s| s.split_whitespace().map(crate::flags::parse_codec).collect())
+}
+
+fn parse_budget(s: &str) -> Result<Setting<u64>, String> {
+    setting(s, crate::size::parse_size)
+}
+
+fn parse_count(s: &str) -> Result<Setting<u32>, String> {
+    setting(s, |s| s.parse::<u32>().map_err(|e| format!("{s:?} is not a count ({e})")))
+}
+
+fn parse_seconds(s: &str) -> Result<Setting<u32>, String> {
+    setting(s, |s| {
+        let (n, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+            Some((at, _)) => s.split_at(at),
+            None => (s, "s"),
+        };
+        let n: u32 = n.parse().map_err(|e| format!("{s:?} is not a duration ({e}); e.g. 3600, 90m or 1h"))?;
+        let scale = match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            _ => return Err(format!("{s:?}: a duration's unit is s, m or h")),
+        };
+        n.checked_mul(scale).ok_or_else(|| format!("{s:?} is too long"))
+    })
+}
 
 /// What `ns` does.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -19,7 +90,8 @@ pub enum NsAction {
         #[arg(long)]
         json: bool,
     },
-    /// Set a namespace's policy (unspecified parts keep their current value).
+    /// Set a namespace's policy (what is not given keeps its current value; `default` unsets a
+    /// setting).
     Set {
         /// Directory or block device.
         volume: PathBuf,
@@ -31,6 +103,29 @@ pub enum NsAction {
         /// Whether lossy codecs (quant, drop-*) may be applied in the namespace.
         #[arg(long, value_parser = ["allow", "deny"], value_name = "allow|deny")]
         lossy: Option<String>,
+        /// The planner's α in the namespace: seconds of delay a block's whole quality is worth
+        /// (higher keeps more quality; the planner's own default is 0.05).
+        #[arg(long, value_parser = parse_alpha, value_name = "SECONDS|default")]
+        alpha: Option<Setting<f64>>,
+        /// The codecs the planner may store the namespace's blocks with, besides the form they
+        /// were put in, separated by spaces (e.g. "lossless quant:bits=8"; default: all of its
+        /// codecs). Lossy ones need `--lossy allow`.
+        #[arg(long, value_parser = parse_codecs, value_name = "SPECS|default")]
+        codecs: Option<Setting<Vec<CodecSpec>>>,
+        /// How far a quality a client reports may fall below what the planner assumed before the
+        /// context is scored again (e.g. 5%; default 5%).
+        #[arg(long, value_parser = parse_drift, value_name = "PERCENT|default")]
+        drift: Option<Setting<f64>>,
+        /// Group TTL for blocks put without a TTL: the bytes its TTLs may keep stored on average
+        /// (e.g. 40GiB); `default`: no group TTL.
+        #[arg(long, value_parser = parse_budget, value_name = "BYTES|default")]
+        ttl_budget: Option<Setting<u64>>,
+        /// Group TTL: groups (prefix subtrees, by accesses) with a TTL of their own (default 64).
+        #[arg(long, value_parser = parse_count, value_name = "N|default")]
+        ttl_groups: Option<Setting<u32>>,
+        /// Group TTL: how much access history the TTLs are learned from (e.g. 1h; default 1h).
+        #[arg(long, value_parser = parse_seconds, value_name = "DURATION|default")]
+        ttl_window: Option<Setting<u32>>,
     },
 }
 
@@ -38,44 +133,118 @@ fn show_codec(p: &Policy) -> String {
     p.codec.map_or_else(|| "raw".to_string(), |c| c.to_string())
 }
 
-pub fn run(action: &NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
+fn show_codecs(s: &NsSettings) -> Option<String> {
+    s.codecs.as_deref().map(|c| c.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "))
+}
+
+fn json_of(namespace: &str, p: &Policy) -> serde_json::Value {
+    let s = &p.settings;
+    serde_json::json!({
+        "namespace": namespace,
+        "codec": show_codec(p),
+        "lossy": p.lossy,
+        "alpha": s.alpha,
+        "codecs": show_codecs(s),
+        "drift": s.drift,
+        "ttl": s.ttl.map(|t| serde_json::json!({
+            "budget_bytes": t.budget_bytes, "groups": t.groups, "window_s": t.window_s,
+        })),
+    })
+}
+
+/// The settings of `p` for people: only those set.
+pub fn describe_settings(s: &NsSettings) -> String {
+    let mut parts = Vec::new();
+    if let Some(a) = s.alpha {
+        parts.push(format!("alpha {a} s"));
+    }
+    if let Some(c) = show_codecs(s) {
+        parts.push(format!("codecs \"{c}\""));
+    }
+    if let Some(d) = s.drift {
+        parts.push(format!("drift {}%", d * 100.0));
+    }
+    if let Some(t) = s.ttl {
+        let or_default = |v: u32, unit: &str| if v == 0 { "default".to_string() } else { format!("{v}{unit}") };
+        parts.push(format!(
+            "group TTL within {} (groups {}, window {})",
+            crate::size::human(t.budget_bytes),
+            or_default(t.groups, ""),
+            or_default(t.window_s, " s")
+        ));
+    }
+    parts.join(", ")
+}
+
+pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
     match action {
         NsAction::Show { volume, json } => {
-            let store = open(volume, opts)?;
+            let store = open(&volume, opts)?;
             let policies = store.policies();
             store.close()?;
-            if *json {
-                let list: Vec<_> = policies
-                    .iter()
-                    .map(|(ns, p)| serde_json::json!({ "namespace": ns, "codec": show_codec(p), "lossy": p.lossy }))
-                    .collect();
+            if json {
+                let list: Vec<_> = policies.iter().map(|(ns, p)| json_of(ns, p)).collect();
                 println!("{}", serde_json::Value::Array(list));
             } else if policies.is_empty() {
                 println!("no namespace policies: every namespace stores blocks as they are, lossy codecs denied");
             } else {
-                println!("{:<24} {:<40} lossy", "namespace", "codec");
+                println!("{:<24} {:<32} {:<6} settings", "namespace", "codec", "lossy");
                 for (ns, p) in &policies {
-                    println!("{ns:<24} {:<40} {}", show_codec(p), if p.lossy { "allow" } else { "deny" });
+                    let lossy = if p.lossy { "allow" } else { "deny" };
+                    println!("{ns:<24} {:<32} {lossy:<6} {}", show_codec(p), describe_settings(&p.settings));
                 }
             }
         }
-        NsAction::Set { volume, namespace, codec, lossy } => {
-            let store = open(volume, opts)?;
-            let current = store.policy(namespace);
+        NsAction::Set { volume, namespace, codec, lossy, alpha, codecs, drift, ttl_budget, ttl_groups, ttl_window } => {
+            let store = open(&volume, opts)?;
+            let current = store.policy(&namespace);
+            let cur = current.settings.clone();
+            let ttl = match Setting::over(ttl_budget, cur.ttl.map(|t| t.budget_bytes)) {
+                None => {
+                    if ttl_groups.is_some() || ttl_window.is_some() {
+                        anyhow::bail!(
+                            "group TTL needs a budget: give --ttl-budget BYTES with --ttl-groups or --ttl-window"
+                        );
+                    }
+                    None
+                }
+                Some(budget_bytes) => Some(TtlSettings {
+                    budget_bytes,
+                    groups: Setting::over(ttl_groups, cur.ttl.map(|t| t.groups)).unwrap_or(0),
+                    window_s: Setting::over(ttl_window, cur.ttl.map(|t| t.window_s)).unwrap_or(0),
+                }),
+            };
+            let settings = NsSettings {
+                alpha: Setting::over(alpha, cur.alpha),
+                codecs: Setting::over(
+                    codecs.map(|s| match s {
+                        Setting::Default => Setting::Default,
+                        Setting::Set(v) => Setting::Set(Arc::from(v)),
+                    }),
+                    cur.codecs,
+                ),
+                drift: Setting::over(drift, cur.drift),
+                ttl,
+            };
             let policy = Policy {
                 codec: match codec {
                     Some(c) if c.is_raw() => None,
-                    Some(c) => Some(*c),
+                    Some(c) => Some(c),
                     None => current.codec,
                 },
                 lossy: lossy.as_deref().map_or(current.lossy, |l| l == "allow"),
+                settings,
             };
-            store.set_policy(namespace, policy).with_context(|| format!("cannot set the policy of {namespace:?}"))?;
+            store
+                .set_policy(&namespace, policy.clone())
+                .with_context(|| format!("cannot set the policy of {namespace:?}"))?;
             store.close()?;
+            let settings = describe_settings(&policy.settings);
             println!(
-                "{namespace}: codec {}, lossy codecs {}",
+                "{namespace}: codec {}, lossy codecs {}{}{settings}",
                 show_codec(&policy),
-                if policy.lossy { "allowed" } else { "denied" }
+                if policy.lossy { "allowed" } else { "denied" },
+                if settings.is_empty() { "" } else { "; " },
             );
         }
     }

@@ -72,7 +72,7 @@ impl EngineCache {
         };
         let store = Store::create(dir, &create, opts)
             .with_context(|| format!("cannot create the replay volume in {}", dir.display()))?;
-        store.set_policy(NAMESPACE, Policy { codec: policy.codec, lossy: true })?;
+        store.set_policy(NAMESPACE, Policy { codec: policy.codec, lossy: true, ..Default::default() })?;
         let codec_names = facts.iter().map(|f| f.spec.map_or_else(|| "raw".to_string(), |c| c.to_string())).collect();
         Ok(EngineCache { store, clock, model: s.model, scale, put_bytes: 0, dram_hits_seen: 0, planned, codec_names })
     }

@@ -8,7 +8,8 @@ use indicatif::ProgressBar;
 use super::cache::{Cache, CacheStats};
 use super::model::{sensitivity, CodecFacts, Gpu, Profile};
 use super::trace::{block_tokens, Trace};
-use super::ttl::{GroupTtl, TtlSpec};
+use super::ttl::TtlSpec;
+use kvhoard_engine::placement::group_ttl::TtlLearner;
 
 /// What drives a replay besides the cache.
 #[derive(Debug, Clone)]
@@ -129,9 +130,9 @@ pub fn replay(
     let duration = trace.duration_s().max(1e-9);
     let mut next_sample = 0usize;
     let mut group_ttl = match settings.ttl {
-        TtlSpec::Group { budget_bytes, config, known: false } => Some(GroupTtl::new(budget_bytes, config)),
+        TtlSpec::Group { budget_bytes, config, known: false } => Some(TtlLearner::new(budget_bytes, config)),
         TtlSpec::Group { budget_bytes, config, known: true } => {
-            Some(GroupTtl::known(trace, settings.time_scale, settings.stored_block_bytes, budget_bytes, config))
+            Some(super::ttl::known(trace, settings.time_scale, settings.stored_block_bytes, budget_bytes, config))
         }
         TtlSpec::None | TtlSpec::Single(_) => None,
     };
@@ -175,7 +176,9 @@ pub fn replay(
         let ttl_ms = match (settings.ttl, group_ttl.as_mut()) {
             (TtlSpec::Single(secs), _) => Some(u64::from(secs) * 1000),
             (TtlSpec::Group { .. }, Some(g)) => {
-                g.observe(now_ms, &r.blocks, group, settings.stored_block_bytes);
+                for &block in &r.blocks {
+                    g.record(now_ms, block, group, settings.stored_block_bytes);
+                }
                 g.ttl_ms(now_ms, group)
             }
             _ => None,

@@ -22,6 +22,13 @@ use super::model::{sensitivity, CodecFacts};
 /// Record overhead: a header unit per record, payload rounded up to a unit (as on disk).
 const UNIT: u64 = 4096;
 
+/// The replay's namespace: lossy codecs allowed, placement's own settings.
+static REPLAY_POLICY: kvhoard_engine::Policy = kvhoard_engine::Policy {
+    codec: None,
+    lossy: true,
+    settings: kvhoard_engine::NsSettings { alpha: None, codecs: None, drift: None, ttl: None },
+};
+
 /// What the simulator charges a load: tier bandwidths, and cores decoding in parallel.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bandwidths {
@@ -207,7 +214,7 @@ impl SimCache {
                     record_bytes: e.record,
                     group: Some(e.group),
                     context: e.group,
-                    lossy: true,
+                    policy: &REPLAY_POLICY,
                     reads: e.reads,
                     age_ms: now_ms.saturating_sub(e.written_ms),
                 }) != Keep::Drop;
@@ -355,7 +362,7 @@ impl SimCache {
         });
         let level = sensitivity(context);
         let quality = p.estimates.get(level).cloned().unwrap_or_default();
-        p.planner.touch(context, now_ms, (kept + new) as u64, self.raw_block, &quality);
+        p.planner.touch(context, now_ms, (kept + new) as u64, self.raw_block, &quality, None);
         p.cpu += started.elapsed();
         self.planner = Some(p);
     }
@@ -425,7 +432,7 @@ impl Cache for SimCache {
                 group: Some(e.group),
                 context: e.group,
                 new_key: false,
-                lossy: true,
+                policy: &REPLAY_POLICY,
                 codec: self.facts(e.codec).spec,
             };
             let in_dram = self.dram.get(&Self::fp(id), loc).is_some();
@@ -479,7 +486,7 @@ impl Cache for SimCache {
                 group: Some(group),
                 context: group,
                 new_key: true,
-                lossy: true,
+                policy: &REPLAY_POLICY,
                 codec: self.facts(codec).spec,
             };
             if let (Some(e), true) = (e, self.placement.on_put(&info).dram) {

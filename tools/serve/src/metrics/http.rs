@@ -1,5 +1,6 @@
 //! A minimal HTTP/1.1 endpoint for Prometheus: `GET /metrics` answers the metrics, `GET
-//! /plan[?limit=N]` what the placement planner decides (JSON; `kvhoard plan live` reads it),
+//! /plan[?limit=N]` what the placement planner decides (JSON; `kvhoard plan live` reads it), `GET
+//! /ttl` what group TTL decides in each namespace that keeps it (JSON; `kvhoard ttl` reads it),
 //! anything else 404 or 405, one request per connection. Prometheus scrapes this; nothing else
 //! needs more.
 
@@ -61,8 +62,16 @@ async fn answer(mut stream: TcpStream, shared: Arc<Shared>) {
                         ("500 Internal Server Error", TEXT, format!("the plan could not be read: {why}\n"))
                     }
                 },
-                ("GET", _) => ("404 Not Found", TEXT, "not found: metrics are at /metrics, the plan at /plan\n".into()),
-                _ => ("405 Method Not Allowed", TEXT, "only GET /metrics and GET /plan\n".to_string()),
+                ("GET", "/ttl") => match ttl(&shared).await {
+                    Ok(json) => ("200 OK", JSON, json),
+                    Err(why) => ("500 Internal Server Error", TEXT, format!("group TTL could not be read: {why}\n")),
+                },
+                ("GET", _) => (
+                    "404 Not Found",
+                    TEXT,
+                    "not found: metrics are at /metrics, the plan at /plan, group TTL at /ttl\n".into(),
+                ),
+                _ => ("405 Method Not Allowed", TEXT, "only GET /metrics, /plan and /ttl\n".to_string()),
             };
         }
         if head.len() >= HEAD_MAX {
@@ -119,6 +128,13 @@ async fn plan(shared: &Arc<Shared>, query: &str) -> Plan {
         Ok(None) => Plan::None,
         Err(e) => Plan::Failed(e.to_string()),
     }
+}
+
+/// Group TTL's view as JSON: a few groups per namespace, read off the network threads.
+async fn ttl(shared: &Arc<Shared>) -> Result<String, String> {
+    let store = Arc::clone(&shared.store);
+    let view = tokio::task::spawn_blocking(move || store.ttl_view()).await.map_err(|e| e.to_string())?;
+    serde_json::to_string_pretty(&view).map_err(|e| e.to_string())
 }
 
 async fn render(shared: &Arc<Shared>) -> String {

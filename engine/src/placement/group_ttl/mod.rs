@@ -15,7 +15,8 @@
 //! O(accesses × candidates).
 //!
 //! **Optimiser.** Maximise Σ H_g(t_g) subject to Σ C_g(t_g) ≤ B, each t_g from the grid: a
-//! multiple-choice knapsack. Two starts, the better kept:
+//! multiple-choice knapsack. Two starts, the better kept (more hits; at equal hits, fewer
+//! byte-seconds):
 //!
 //! 1. the greedy on each group's upper concave hull of (C, H): every group at t = 0, then the hull
 //!    step with the most hits per byte-second is taken while it fits, then leftover budget is
@@ -28,6 +29,13 @@
 //! plus a `u64` group each); curves take `top_k × candidates` points.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+
+mod learner;
+mod namespaces;
+
+pub use learner::{PlanInput, TtlLearner};
+pub use namespaces::{config_of, GroupTtlView, NamespaceTtlView};
+pub(crate) use namespaces::{spawn, NamespaceTtls};
 
 /// The candidate TTL that never expires: blocks kept until evicted.
 pub const FOREVER: u64 = u64::MAX;
@@ -205,7 +213,8 @@ impl Curves {
         let choice = self.greedy(budget);
         let (hits, cost) =
             choice.iter().enumerate().map(|(g, &j)| self.point(g, j)).fold((0, 0.0), |(h, c), p| (h + p.0, c + p.1));
-        if hits <= single_hits {
+        // The single TTL unless the groups' TTLs get more hits, or as many for fewer byte-seconds.
+        if hits < single_hits || (hits == single_hits && cost >= single_cost) {
             return TtlPlan {
                 ttls_ms: vec![single_ttl_ms; self.groups.len()],
                 hits: single_hits,
