@@ -62,7 +62,7 @@ pub use index::KeyId;
 pub use kvhoard_kernels::{CodecSpec, Positions};
 pub use log::Loc;
 pub use options::{CreateOptions, Durability, PutOptions, ReadOptions, StoreOptions};
-pub use policy::{NsSettings, Policy, TtlSettings, DEFAULT_DRIFT};
+pub use policy::{NsSettings, Policy, TtlSettings, DEFAULT_DRIFT, MAX_TTL_GROUPS};
 pub use reclaim::cleaner::free_target as cleaner_free_target;
 pub use recovery::RecoveryReport;
 pub use store::{

@@ -16,6 +16,10 @@ use crate::error::{Result, StoreError};
 /// planner assumed.
 pub const DEFAULT_DRIFT: f64 = 0.05;
 
+/// Most groups group TTL gives a TTL of their own in one namespace: planning costs grow with
+/// the square of groups × candidates.
+pub const MAX_TTL_GROUPS: u32 = 4096;
+
 /// One namespace's policy.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Policy {
@@ -33,7 +37,8 @@ pub struct NsSettings {
     /// The planner's α: seconds of delay a block's whole quality is worth.
     pub alpha: Option<f64>,
     /// The codecs the planner may store the namespace's blocks with, besides the form they were
-    /// put in (`None`: all of its codecs).
+    /// put in, matched exactly (codec and parameters) against the planner's own (`None`: all of
+    /// its codecs; `raw` alone: none but the form as put).
     pub codecs: Option<Arc<[CodecSpec]>>,
     /// How far (a fraction) a reported quality may fall below what the planner assumed before the
     /// context is re-scored (`None`: [`DEFAULT_DRIFT`]).
@@ -64,6 +69,18 @@ impl NsSettings {
         }
         if self.ttl.is_some_and(|t| t.budget_bytes == 0) {
             return Err(StoreError::invalid("ttl budget", "a group TTL budget must be above 0 bytes"));
+        }
+        if let Some(t) = self.ttl.filter(|t| t.groups > MAX_TTL_GROUPS) {
+            return Err(StoreError::invalid(
+                "ttl groups",
+                format!("{} groups; at most {MAX_TTL_GROUPS} get a TTL of their own", t.groups),
+            ));
+        }
+        if self.codecs.as_deref().is_some_and(<[CodecSpec]>::is_empty) {
+            return Err(StoreError::invalid(
+                "codecs",
+                "no codec listed; list `raw` to keep blocks only in the form they were put in",
+            ));
         }
         Ok(())
     }
@@ -138,7 +155,7 @@ impl Policy {
         if let Some(c) = self.settings.codecs.iter().flat_map(|c| c.iter()).find(|c| c.is_lossy() && !self.lossy) {
             return Err(StoreError::invalid(
                 "codecs",
-                format!("codec {c} is lossy; allow lossy codecs in the namespace too (--lossy allow)"),
+                format!("codec {c} is lossy; allow lossy codecs in the namespace too (`kvhoard ns set ... --lossy allow`, or lossy=True)"),
             ));
         }
         match self.codec {

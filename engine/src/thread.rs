@@ -29,6 +29,11 @@ impl Stopper {
         self.woken.notify_all();
     }
 
+    /// Whether the thread was asked to stop.
+    pub(crate) fn stopped(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Waits `period` or until stopped; returns whether the thread is to stop.
     pub(crate) fn wait(&self, period: std::time::Duration) -> bool {
         let guard = self.stopped.lock().unwrap_or_else(|e| e.into_inner());

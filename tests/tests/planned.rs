@@ -68,14 +68,20 @@ fn planned(clock: Clock) -> Arc<Planned> {
     Arc::new(Planned::new(config, clock).unwrap())
 }
 
-#[test]
-fn the_engine_keeps_hot_contexts_and_compresses_or_drops_cold_ones() {
+/// A volume of `SEGMENTS` segments placed by the planner, on a clock the test moves.
+fn planned_store() -> (Arc<AtomicU64>, Arc<Planned>, Store) {
     let now = Arc::new(AtomicU64::new(1_700_000_000_000));
     let clock = Clock::manual(Arc::clone(&now));
     let planner = planned(clock.clone());
     let dev = Arc::new(MemDevice::new(SEG * (SEGMENTS + 3)));
     let opts = StoreOptions { placement: planner.clone(), clock, ..StoreOptions::default() };
     let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    (now, planner, store)
+}
+
+#[test]
+fn the_engine_keeps_hot_contexts_and_compresses_or_drops_cold_ones() {
+    let (now, planner, store) = planned_store();
     planner.set_budget(store.stats().capacity_bytes * 7 / 10);
     store.set_policy("lossy", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
 
@@ -155,12 +161,7 @@ fn the_engine_keeps_hot_contexts_and_compresses_or_drops_cold_ones() {
 
 #[test]
 fn a_quality_report_reaches_the_planner_with_the_namespaces_drift() {
-    let now = Arc::new(AtomicU64::new(1_700_000_000_000));
-    let clock = Clock::manual(Arc::clone(&now));
-    let planner = planned(clock.clone());
-    let dev = Arc::new(MemDevice::new(SEG * (SEGMENTS + 3)));
-    let opts = StoreOptions { placement: planner.clone(), clock, ..StoreOptions::default() };
-    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    let (now, _planner, store) = planned_store();
     let settings = kvhoard_engine::NsSettings { drift: Some(0.2), ..Default::default() };
     store.set_policy("lossy", Policy { lossy: true, settings, ..Default::default() }).unwrap();
     let bytes = Synth::for_desc(shape(), 1).generate();

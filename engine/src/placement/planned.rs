@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use kvhoard_kernels::CodecSpec;
 
-use super::planner::{Planner, PlannerConfig};
+use super::planner::{ContextUse, Planner, PlannerConfig};
 use super::{BlockInfo, Keep, LiveBlock, Lru, OptionView, Placement, PlacementReport, PlanView, PutPlan, SegmentView};
 use crate::clock::Clock;
 use crate::error::{Result, StoreError};
@@ -225,8 +225,14 @@ impl Planned {
             state.planner.resize(block.context, blocks);
         } else {
             let quality = self.quality_of(state, block);
-            let alpha = block.policy.settings.alpha;
-            state.planner.touch(block.context, now, blocks.max(1), block.raw_bytes, &quality, alpha);
+            state.planner.touch(&ContextUse {
+                context: block.context,
+                now_ms: now,
+                blocks: blocks.max(1),
+                raw_bytes: block.raw_bytes,
+                quality: &quality,
+                alpha: block.policy.settings.alpha,
+            });
         }
         if put {
             self.observe(state, block);
@@ -308,8 +314,14 @@ impl Placement for Planned {
         let state = self.lock();
         let quality = self.quality_of(&state, block);
         let blocks = state.planner.blocks_of(block.context).max(1);
-        let alpha = block.policy.settings.alpha;
-        let option = state.planner.option_for_put(block.context, now, blocks, block.raw_bytes, &quality, alpha);
+        let option = state.planner.option_for_put(&ContextUse {
+            context: block.context,
+            now_ms: now,
+            blocks,
+            raw_bytes: block.raw_bytes,
+            quality: &quality,
+            alpha: block.policy.settings.alpha,
+        });
         self.codecs.get(option).copied().flatten()
     }
 
@@ -537,15 +549,14 @@ mod tests {
         assert!(a == 1 || b == 1, "quant8 where it is allowed: {a}, {b}");
         // Only the form as put is listed: the planner drops rather than quantizes.
         let listed = Policy {
-            settings: NsSettings { codecs: Some(Arc::from(Vec::<CodecSpec>::new())), ..NO_SETTINGS },
+            settings: NsSettings { codecs: Some(Arc::from(vec![CodecSpec::RAW])), ..NO_SETTINGS },
             ..LOSSY.clone()
         };
         let (p, _) = planned(1_200);
         let (a, b) = raw_only(&p, &listed);
         assert!(a != 1 && b != 1, "quant8 is not among the namespace's codecs: {a}, {b}");
         assert!(p.report().planned_bytes <= 1_200);
-        // A namespace whose α makes quality worth little: dropped rather than kept (the
-        // recompute's delay is what a dropped context costs, and quality is worth almost none).
+        // A namespace's α is its contexts' (the planner weighs their quality with it).
         let cheap = Policy { settings: NsSettings { alpha: Some(1e-6), ..NO_SETTINGS }, ..LOSSY.clone() };
         let (p, _) = planned(1_200);
         p.on_put(&BlockInfo { policy: &cheap, ..info(7) });

@@ -106,6 +106,24 @@ pub struct Change {
     pub option: usize,
 }
 
+/// A context as a request uses it: what [`Planner::touch`] records and
+/// [`Planner::option_for_put`] weighs.
+#[derive(Debug, Clone, Copy)]
+pub struct ContextUse<'a> {
+    /// The context.
+    pub context: u64,
+    /// When.
+    pub now_ms: u64,
+    /// Blocks it has kept (or about to be).
+    pub blocks: u64,
+    /// Bytes of one of its blocks as put.
+    pub raw_bytes: u64,
+    /// The estimated quality of each option for it.
+    pub quality: &'a [f64],
+    /// Its α (`None`: the configuration's).
+    pub alpha: Option<f64>,
+}
+
 /// One context as the planner sees it now.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ContextView {
@@ -246,19 +264,10 @@ impl Planner {
         }
     }
 
-    /// A request used `context`, which now has `blocks` blocks of `raw_bytes` kept (or about to
-    /// be), at `now_ms`, with `quality` the estimated quality of each option for it and `alpha`
-    /// its α (`None`: the configuration's). A context that was dropped starts again from the
-    /// first option.
-    pub fn touch(
-        &mut self,
-        context: u64,
-        now_ms: u64,
-        blocks: u64,
-        raw_bytes: u64,
-        quality: &[f64],
-        alpha: Option<f64>,
-    ) {
+    /// A request used a context ([`ContextUse`]). A context that was dropped starts again from
+    /// the first option.
+    pub fn touch(&mut self, u: &ContextUse<'_>) {
+        let ContextUse { context, now_ms, blocks, raw_bytes, quality, alpha } = *u;
         let alpha = alpha.unwrap_or(self.config.alpha);
         let ln_now = self.ln_time(now_ms);
         let before = self.contexts.get(&context).map(|c| (self.bytes(c, c.option), c.option));
@@ -307,18 +316,11 @@ impl Planner {
             .0
     }
 
-    /// The option a put of `blocks` blocks of `raw_bytes` to `context` at `now_ms` would be
-    /// stored with: the context's own, or, for a new or dropped one, the one admission gives it
-    /// (as [`Planner::touch`] would). Changes nothing.
-    pub fn option_for_put(
-        &self,
-        context: u64,
-        now_ms: u64,
-        blocks: u64,
-        raw_bytes: u64,
-        quality: &[f64],
-        alpha: Option<f64>,
-    ) -> usize {
+    /// The option a put to a context ([`ContextUse`]) would be stored with: the context's own,
+    /// or, for a new or dropped one, the one admission gives it (as [`Planner::touch`] would).
+    /// Changes nothing.
+    pub fn option_for_put(&self, u: &ContextUse<'_>) -> usize {
+        let ContextUse { context, now_ms, blocks, raw_bytes, quality, alpha } = *u;
         let dropped = self.dropped();
         if let Some(c) = self.contexts.get(&context).filter(|c| c.option != dropped) {
             return c.option;
@@ -544,6 +546,11 @@ mod tests {
         ]
     }
 
+    /// A use of `context` by a request of blocks of 100 bytes, at the configuration's α.
+    fn at(context: u64, now_ms: u64, blocks: u64, quality: &[f64]) -> ContextUse<'_> {
+        ContextUse { context, now_ms, blocks, raw_bytes: 100, quality, alpha: None }
+    }
+
     fn planner(budget: u64) -> Planner {
         Planner::new(PlannerConfig { alpha: 0.5, half_life_ms: 600_000, budget_bytes: budget, options: options() })
     }
@@ -586,7 +593,7 @@ mod tests {
                 let quality =
                     vec![1.0, 0.99 - f64::from(rng.uniform()) * 0.05, 0.9 - f64::from(rng.uniform()) * 0.3, 1.0];
                 for t in 0..=rng.below(5) {
-                    p.touch(id, t * 1000, blocks, 100, &quality, None);
+                    p.touch(&at(id, t * 1000, blocks, &quality));
                 }
                 raw_total += blocks * 100;
             }
@@ -616,9 +623,9 @@ mod tests {
         let q = [1.0, 0.98, 0.8, 1.0];
         // A hot context, read ten times; a cold one, once; both of 8 blocks of 100 bytes.
         for t in 0..10 {
-            p.touch(1, t * 1000, 8, 100, &q, None);
+            p.touch(&at(1, t * 1000, 8, &q));
         }
-        p.touch(2, 10_000, 8, 100, &q, None);
+        p.touch(&at(2, 10_000, 8, &q));
         assert_eq!(p.stored_bytes(), 1600);
         let changes = p.rebalance();
         assert!(p.stored_bytes() <= 1000);
@@ -626,11 +633,11 @@ mod tests {
         assert_ne!(p.option_of(2), 0, "the cold one gives way: {changes:?}");
         // Read again, a dropped context is stored again, in the form worth most at the price
         // bytes have now: compressed, since they are dear.
-        p.touch(3, 11_000, 1, 100, &q, None);
+        p.touch(&at(3, 11_000, 1, &q));
         p.config.budget_bytes = 0;
         p.rebalance();
         assert_eq!(p.stored_bytes(), 0);
-        p.touch(3, 12_000, 1, 100, &q, None);
+        p.touch(&at(3, 12_000, 1, &q));
         assert!((1..3).contains(&p.option_of(3)), "{}", p.option_of(3));
     }
 
@@ -642,9 +649,9 @@ mod tests {
         let mut p = Planner::new(PlannerConfig { alpha: 0.5, half_life_ms: 600_000, budget_bytes: 1200, options });
         let q = [1.0, 0.98, 0.97, 1.0];
         for t in 0..10 {
-            p.touch(1, t * 1000, 8, 100, &q, None);
+            p.touch(&at(1, t * 1000, 8, &q));
         }
-        p.touch(2, 10_000, 8, 100, &q, None);
+        p.touch(&at(2, 10_000, 8, &q));
         p.rebalance();
         assert_eq!((p.option_of(1), p.option_of(2)), (0, 1), "the cold context is quantized");
         // Tighter: its lossy copy is never quantized harder (cleaning would not recode it).
@@ -657,9 +664,9 @@ mod tests {
     fn decay_does_not_reorder_untouched_contexts() {
         let mut p = planner(u64::MAX);
         let q = [1.0, 0.98, 0.8, 1.0];
-        p.touch(1, 0, 1, 100, &q, None);
-        p.touch(1, 1, 1, 100, &q, None);
-        p.touch(2, 3_600_000, 1, 100, &q, None);
+        p.touch(&at(1, 0, 1, &q));
+        p.touch(&at(1, 1, 1, &q));
+        p.touch(&at(2, 3_600_000, 1, &q));
         // Context 1 was read twice an hour ago (six half-lives): less than context 2's once now.
         assert!(p.contexts[&1].ln_freq < p.contexts[&2].ln_freq);
     }

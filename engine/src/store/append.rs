@@ -106,12 +106,18 @@ impl Store {
     ) -> Result<Vec<Prepared<'a>>> {
         let parts = &*self.parts;
         let prepare = |chunk: Vec<(RecordHeader, &'a [u8])>| -> Vec<Prepared<'a>> {
-            chunk.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec)).collect()
+            chunk.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec, false)).collect()
         };
         let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
-        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(items.len());
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let workers = cores.min(items.len());
         if workers < 2 || bytes < PARALLEL_MIN_BYTES {
-            return Ok(prepare(items));
+            // One large block to compress: hashing it runs beside the codec.
+            let alongside = cores > 1 && codec.is_some() && bytes >= PARALLEL_MIN_BYTES;
+            return Ok(items
+                .into_iter()
+                .map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec, alongside))
+                .collect());
         }
         let per = items.len().div_ceil(workers);
         let mut chunks = Vec::with_capacity(workers);
@@ -132,19 +138,35 @@ impl Store {
 
 impl Parts {
     /// Hashes one block whose header the put checked, compresses it with `codec` if one is
-    /// given, and decides between a block and a link record.
+    /// given (`alongside`: hashing on a thread of its own meanwhile, for a large block put
+    /// alone), and decides between a block and a link record.
     fn prepare<'a>(
         &self,
         namespace: &str,
         mut header: RecordHeader,
         bytes: &'a [u8],
         codec: Option<CodecSpec>,
+        alongside: bool,
     ) -> Prepared<'a> {
         let mut compressed = None;
         if header.compression.is_none() {
-            header.content_hash = *blake3::hash(bytes).as_bytes();
-            if let Some(spec) = codec {
-                match self.codecs.compress(spec, &header.desc, bytes, &self.pool) {
+            let compress = |desc: &kvhoard_format::BlockDesc| {
+                codec.map(|spec| (spec, self.codecs.compress(spec, desc, bytes, &self.pool)))
+            };
+            let (hash, result) = if alongside {
+                std::thread::scope(|s| {
+                    let hashing = std::thread::Builder::new().spawn_scoped(s, || blake3::hash(bytes));
+                    let result = compress(&header.desc);
+                    // A hashing thread that could not start or finish leaves the hash to this one.
+                    let hash = hashing.ok().and_then(|h| h.join().ok()).unwrap_or_else(|| blake3::hash(bytes));
+                    (hash, result)
+                })
+            } else {
+                (blake3::hash(bytes), compress(&header.desc))
+            };
+            header.content_hash = *hash.as_bytes();
+            if let Some((spec, result)) = result {
+                match result {
                     Ok(c) => {
                         header.compression = c.meta;
                         header.stored_len = c.payload.len() as u64;

@@ -262,14 +262,14 @@ impl Parts {
     /// Tells placement a get found `key`'s block.
     pub(super) fn hit(&self, namespace: &str, key: &str, meta: &BlockMeta) {
         let policy = self.policies.get(namespace);
-        if let Some(settings) = &policy.settings.ttl {
+        if policy.settings.ttl.is_some() {
             let access = Access {
                 at_ms: self.clock.now_unix_ms(),
                 block: context_of(None, namespace, key),
                 group: context_of(meta.group_id, namespace, key),
                 bytes: meta.raw_len,
             };
-            self.ttls.at_hit(namespace, settings, access);
+            self.ttls.at_hit(namespace, access);
         }
         self.placement.on_hit(&BlockInfo {
             namespace,

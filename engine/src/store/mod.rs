@@ -216,6 +216,9 @@ impl Store {
         } else {
             None
         };
+        for (namespace, policy) in parts.policies.all() {
+            parts.ttls.configure(&namespace, policy.settings.ttl);
+        }
         let stopper = Arc::new(Stopper::default());
         let ttl_planner = group_ttl::spawn(Arc::downgrade(&parts.ttls), parts.clock.clone(), Arc::clone(&stopper))?;
         let store = Store {
@@ -273,9 +276,7 @@ impl Store {
         let _state = parts.log.lock();
         let stored = parts.policies.with(namespace, policy.clone());
         volume::write_superblocks(parts.log.dev.as_ref(), &parts.log.sb, &stored)?;
-        if parts.policies.get(namespace).settings.ttl != policy.settings.ttl {
-            parts.ttls.forget(namespace);
-        }
+        parts.ttls.configure(namespace, policy.settings.ttl);
         parts.policies.set(namespace, policy);
         Ok(())
     }
@@ -324,7 +325,9 @@ impl Store {
         let planner = self.ttl_planner.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some((stopper, handle)) = planner {
             stopper.stop();
-            let _ = handle.join();
+            if handle.join().is_err() {
+                tracing::error!("group TTL's planning thread panicked; its namespaces kept their last plans");
+            }
         }
     }
 

@@ -20,6 +20,7 @@ impl Store {
     /// further, or drop it so that the client recomputes it. Returns whether it was scored again
     /// (always `false` without a planner).
     pub fn report_quality(&self, namespace: &str, group: Option<u64>, key: &str, observed: f64) -> Result<bool> {
+        self.parts.ensure_open()?;
         kvhoard_format::record::validate_namespace(namespace)?;
         if !(0.0..=1.0).contains(&observed) {
             return Err(StoreError::invalid("quality", format!("{observed} is not a quality between 0 and 1")));
@@ -38,6 +39,6 @@ impl Store {
     /// Plans group TTL now in every namespace whose plan is due (the engine's group-TTL thread
     /// does this every second; this is for tools and tests with a clock of their own).
     pub fn plan_ttls_now(&self) {
-        self.parts.ttls.replan(self.parts.clock.now_unix_ms());
+        self.parts.ttls.replan(self.parts.clock.now_unix_ms(), &|| false);
     }
 }

@@ -224,20 +224,7 @@ impl Store {
             (None, false) => return Err(StoreError::invalid("raw", "compressed bytes need the raw length and hash")),
             (None, true) => (bytes.len() as u64, [0; 32]),
         };
-        // A put that gives no TTL takes its group's where the namespace keeps group TTL.
-        let group_ttl = match (opts.ttl_secs, &policy.settings.ttl) {
-            (None, Some(settings)) => {
-                let access = Access {
-                    at_ms: now,
-                    block: context_of(None, namespace, key),
-                    group: context_of(opts.group, namespace, key),
-                    bytes: raw_len,
-                };
-                self.parts.ttls.at_put(namespace, settings, access)
-            }
-            _ => None,
-        };
-        let header = RecordHeader {
+        let mut header = RecordHeader {
             kind: RecordKind::Block,
             segment_seq: 0,
             payload_crc: 0,
@@ -247,7 +234,7 @@ impl Store {
             raw_len,
             stored_len: bytes.len() as u64,
             created_unix_ms: now,
-            ttl_secs: opts.ttl_secs.or(group_ttl).unwrap_or(0),
+            ttl_secs: opts.ttl_secs.unwrap_or(0),
             group_id: opts.group,
             parent_hash: opts.parent,
             desc: opts.desc.clone().unwrap_or_else(BlockDesc::opaque),
@@ -259,6 +246,19 @@ impl Store {
         let max_bytes = crate::log::max_payload_bytes(segment_units, header.encoded_len());
         if header.stored_len > max_bytes {
             return Err(StoreError::BlockTooLarge { bytes: bytes.len() as u64, max_bytes });
+        }
+        // Where the namespace keeps group TTL, the put is an access, and a put that gives no
+        // TTL takes its group's.
+        if policy.settings.ttl.is_some() {
+            let access = Access {
+                at_ms: now,
+                block: context_of(None, namespace, key),
+                group: context_of(opts.group, namespace, key),
+                bytes: raw_len,
+            };
+            if let Some(ttl) = self.parts.ttls.at_put(namespace, access, opts.ttl_secs.is_some()) {
+                header.ttl_secs = ttl;
+            }
         }
         Ok(header)
     }

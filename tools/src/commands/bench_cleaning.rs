@@ -125,8 +125,8 @@ pub fn run(dir: &Path, a: &BenchArgs, rounds: usize) -> anyhow::Result<serde_jso
     }))
 }
 
-/// One phase on `v`: the writer puts `count` new blocks while readers read the hot set.
-/// One phase's work.
+/// One phase's work: the writer puts `count` new blocks at `put_mbps` while `threads` readers
+/// read the `hot` set.
 struct Phase {
     threads: usize,
     hot: u64,
@@ -135,6 +135,7 @@ struct Phase {
     seed: u64,
 }
 
+/// One phase on `v`.
 fn phase(v: &mut Volume, p: &Phase, buf: &mut [u8]) -> anyhow::Result<()> {
     let Phase { threads, hot, count, put_mbps, seed } = *p;
     let writing = AtomicBool::new(true);

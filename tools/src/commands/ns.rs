@@ -51,7 +51,13 @@ fn parse_drift(s: &str) -> Result<Setting<f64>, String> {
 }
 
 fn parse_codecs(s: &str) -> Result<Setting<Vec<CodecSpec>>, String> {
-    setting(s, |s| s.split_whitespace().map(crate::flags::parse_codec).collect())
+    setting(s, |s| {
+        let codecs: Vec<CodecSpec> = s.split_whitespace().map(crate::flags::parse_codec).collect::<Result<_, _>>()?;
+        if codecs.is_empty() {
+            return Err("no codec listed; list `raw` to keep blocks only in the form they were put in".into());
+        }
+        Ok(codecs)
+    })
 }
 
 fn parse_budget(s: &str) -> Result<Setting<u64>, String> {
@@ -108,8 +114,10 @@ pub enum NsAction {
         #[arg(long, value_parser = parse_alpha, value_name = "SECONDS|default")]
         alpha: Option<Setting<f64>>,
         /// The codecs the planner may store the namespace's blocks with, besides the form they
-        /// were put in, separated by spaces (e.g. "lossless quant:bits=8"; default: all of its
-        /// codecs). Lossy ones need `--lossy allow`.
+        /// were put in, separated by spaces and matched exactly against the planner's own
+        /// (lossless, quant:bits=8, quant:bits=4, quant:bits=2), e.g. "lossless quant:bits=8";
+        /// `raw`: none but the form as put; default: all of them. Lossy ones need `--lossy
+        /// allow`.
         #[arg(long, value_parser = parse_codecs, value_name = "SPECS|default")]
         codecs: Option<Setting<Vec<CodecSpec>>>,
         /// How far a quality a client reports may fall below what the planner assumed before the
@@ -120,7 +128,8 @@ pub enum NsAction {
         /// (e.g. 40GiB); `default`: no group TTL.
         #[arg(long, value_parser = parse_budget, value_name = "BYTES|default")]
         ttl_budget: Option<Setting<u64>>,
-        /// Group TTL: groups (prefix subtrees, by accesses) with a TTL of their own (default 64).
+        /// Group TTL: groups (prefix subtrees, by accesses) with a TTL of their own (default 64,
+        /// at most 4096).
         #[arg(long, value_parser = parse_count, value_name = "N|default")]
         ttl_groups: Option<Setting<u32>>,
         /// Group TTL: how much access history the TTLs are learned from (e.g. 1h; default 1h).

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
+use kvhoard_engine::placement::group_ttl::ttl_secs_keeping;
 use kvhoard_engine::placement::{context_of, Placement, Planned};
 use kvhoard_engine::{Clock, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions};
 
@@ -231,7 +232,7 @@ impl Cache for EngineCache {
             desc,
             group: Some(group),
             // The engine keeps TTLs in whole seconds.
-            ttl_secs: ttl_ms.map(|t| u32::try_from(t.div_ceil(1000)).unwrap_or(u32::MAX)),
+            ttl_secs: ttl_ms.map(ttl_secs_keeping),
             ..PutOptions::default()
         };
         self.store.put_batch(NAMESPACE, &items, &opts)?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use std::time::{Duration, Instant};
 
-use kvhoard_engine::placement::planner::{Planner, PlannerConfig};
+use kvhoard_engine::placement::planner::{ContextUse, Planner, PlannerConfig};
 use kvhoard_engine::placement::{BlockInfo, Keep, LiveBlock, Placement, SegmentView};
 use kvhoard_engine::tier::DramTier;
 use kvhoard_engine::Loc;
@@ -362,7 +362,14 @@ impl SimCache {
         });
         let level = sensitivity(context);
         let quality = p.estimates.get(level).cloned().unwrap_or_default();
-        p.planner.touch(context, now_ms, (kept + new) as u64, self.raw_block, &quality, None);
+        p.planner.touch(&ContextUse {
+            context,
+            now_ms,
+            blocks: (kept + new) as u64,
+            raw_bytes: self.raw_block,
+            quality: &quality,
+            alpha: None,
+        });
         p.cpu += started.elapsed();
         self.planner = Some(p);
     }

@@ -7,6 +7,8 @@
 //! candidates): the engine runs it on a background thread from a copy of the window
 //! ([`TtlLearner::due`], [`TtlLearner::install`]); a replay plans inline ([`TtlLearner::ttl_ms`]).
 
+use std::collections::HashMap;
+
 use super::{Access, AccessWindow, Curves, GroupTtlConfig, TtlPlan, FOREVER};
 
 /// Shortest time between two plans, ms.
@@ -21,6 +23,9 @@ pub struct TtlLearner {
     first_ms: Option<u64>,
     next_plan_ms: u64,
     plan: Option<(Curves, TtlPlan)>,
+    /// The plan's TTL of each group with one of its own, and the residual group's (the TTL a put
+    /// looks up, without walking the groups).
+    ttls: (HashMap<u64, u64>, Option<u64>),
     /// Times the TTLs were planned.
     pub recomputed: u64,
     /// Still learning (not planned once and for all).
@@ -55,6 +60,7 @@ impl TtlLearner {
             first_ms: None,
             next_plan_ms: 0,
             plan: None,
+            ttls: (HashMap::new(), None),
             recomputed: 0,
             learning: true,
         }
@@ -62,12 +68,9 @@ impl TtlLearner {
 
     /// Group TTL planned once and for all (from a whole trace): it learns nothing more.
     pub fn planned(budget_bytes: u64, config: GroupTtlConfig, curves: Curves, plan: TtlPlan) -> TtlLearner {
-        TtlLearner {
-            plan: Some((curves, plan)),
-            recomputed: 1,
-            learning: false,
-            ..TtlLearner::new(budget_bytes, config)
-        }
+        let mut learner = TtlLearner { learning: false, ..TtlLearner::new(budget_bytes, config) };
+        learner.install(curves, plan);
+        learner
     }
 
     /// Its settings and budget.
@@ -100,6 +103,17 @@ impl TtlLearner {
 
     /// Makes a plan computed from [`TtlLearner::due`]'s input the one in force.
     pub fn install(&mut self, curves: Curves, plan: TtlPlan) {
+        let mut own = HashMap::with_capacity(curves.groups.len());
+        let mut residual = None;
+        for (group, &ttl) in curves.groups.iter().zip(&plan.ttls_ms) {
+            match group {
+                Some(g) => {
+                    own.insert(*g, ttl);
+                }
+                None => residual = Some(ttl),
+            }
+        }
+        self.ttls = (own, residual.or(Some(plan.single_ttl_ms)));
         self.plan = Some((curves, plan));
         self.recomputed += 1;
     }
@@ -108,7 +122,8 @@ impl TtlLearner {
     /// evicted) before the first plan, or where the plan keeps the group without a TTL; 0 where
     /// the plan does not keep it.
     pub fn ttl_of(&self, group: u64) -> Option<u64> {
-        self.plan.as_ref().map(|(curves, plan)| curves.ttl_of(plan, group)).filter(|&t| t != FOREVER)
+        let (own, residual) = &self.ttls;
+        own.get(&group).copied().or(*residual).filter(|&t| t != FOREVER)
     }
 
     /// As [`TtlLearner::ttl_of`], planning first, here, when a plan is due at `now_ms`.
@@ -154,6 +169,24 @@ mod tests {
         // The next plan is a quarter window away.
         assert!(l.due(60_000 + 14_999).is_none());
         assert!(l.due(60_000 + 15_000).is_some());
+    }
+
+    #[test]
+    fn a_learner_gives_the_plans_ttl_of_every_group() {
+        // Five groups read at different paces, two of them in the residual group.
+        let config = GroupTtlConfig { top_k: 3, ..GroupTtlConfig::default() };
+        let accesses = (0..400u64).map(|i| Access { at_ms: i * 500, block: i % 17, group: i % 5, bytes: 100 });
+        let curves = Curves::from_accesses(accesses, config);
+        let plan = curves.optimise(5e6);
+        let expected: Vec<Option<u64>> =
+            (0..8).map(|g| Some(curves.ttl_of(&plan, g)).filter(|&t| t != FOREVER)).collect();
+        let mut online = TtlLearner::new(1, config);
+        online.install(curves.clone(), plan.clone());
+        let planned = TtlLearner::planned(1, config, curves, plan);
+        for learner in [&online, &planned] {
+            let got: Vec<Option<u64>> = (0..8).map(|g| learner.ttl_of(g)).collect();
+            assert_eq!(got, expected);
+        }
     }
 
     #[test]

@@ -25,8 +25,8 @@
 //! 2. the best single TTL that fits the budget, applied to every group.
 //!
 //! Keeping the better of the two makes group TTL never worse than the best single TTL under the
-//! model, by construction. Memory: the window keeps at most `max_accesses` accesses (16 bytes
-//! plus a `u64` group each); curves take `top_k × candidates` points.
+//! model, by construction. Memory: the window keeps at most `max_accesses` accesses (32 bytes
+//! each); curves take `top_k × candidates` points.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -39,6 +39,13 @@ pub(crate) use namespaces::{spawn, NamespaceTtls};
 
 /// The candidate TTL that never expires: blocks kept until evicted.
 pub const FOREVER: u64 = u64::MAX;
+
+/// The TTL, in the whole seconds a put takes, that keeps a block for at least `ms`: a block
+/// expires `n` seconds after the second it was put in, so a TTL of `n` keeps it between `n - 1`
+/// and `n` seconds, and one more second covers the part of a second already gone.
+pub fn ttl_secs_keeping(ms: u64) -> u32 {
+    u32::try_from(ms.div_ceil(1000).saturating_add(1)).unwrap_or(u32::MAX)
+}
 
 /// Settings of group TTL.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,8 +92,11 @@ impl AccessWindow {
         AccessWindow { config, accesses: VecDeque::new() }
     }
 
-    /// Records an access (in time order), forgetting what fell out of the window.
-    pub fn record(&mut self, access: Access) {
+    /// Records an access, forgetting what fell out of the window. Accesses are kept in time
+    /// order: one stamped earlier than the last (clocks of two threads read in turn, a wall
+    /// clock stepped back) counts at the last one's time.
+    pub fn record(&mut self, mut access: Access) {
+        access.at_ms = access.at_ms.max(self.accesses.back().map_or(0, |a| a.at_ms));
         self.accesses.push_back(access);
         let horizon = access.at_ms.saturating_sub(self.config.window_ms);
         while self.accesses.front().is_some_and(|a| a.at_ms < horizon) || self.accesses.len() > self.config.max_accesses
@@ -163,8 +173,10 @@ impl Curves {
         }
         let residual = groups.len().saturating_sub(1);
         // Candidates: quantiles of the intervals between accesses to the same block.
-        let mut gaps: Vec<u64> =
-            blocks.values().flat_map(|(_, _, t)| t.iter().zip(t.iter().skip(1)).map(|(a, b)| b - a)).collect();
+        let mut gaps: Vec<u64> = blocks
+            .values()
+            .flat_map(|(_, _, t)| t.iter().zip(t.iter().skip(1)).map(|(a, b)| b.saturating_sub(*a)))
+            .collect();
         gaps.sort_unstable();
         let mut ttls_ms = vec![0];
         let n = config.candidates.max(1);
@@ -172,7 +184,7 @@ impl Curves {
             if let Some(&g) = gaps.get(((gaps.len() * i) / n).min(gaps.len().saturating_sub(1))) {
                 // A hit needs the interval within the TTL: the quantile itself, in the whole
                 // seconds a stored TTL has, rounded up.
-                ttls_ms.push(g.div_ceil(1000).max(1) * 1000);
+                ttls_ms.push(g.div_ceil(1000).max(1).saturating_mul(1000));
             }
         }
         // And keeping blocks until they are evicted (no TTL), the most a budget can buy.
@@ -345,7 +357,7 @@ fn replay_block(times: &[u64], ttl: u64, span: u64) -> (u64, u64) {
     let mut hits = 0;
     let mut stored_ms = 0;
     for &t in times.iter().skip(1) {
-        if t - stored_at <= ttl {
+        if t.saturating_sub(stored_at) <= ttl {
             hits += 1;
         } else {
             stored_ms += ttl;

@@ -130,7 +130,7 @@ async fn plan(shared: &Arc<Shared>, query: &str) -> Plan {
     }
 }
 
-/// Group TTL's view as JSON: a few groups per namespace, read off the network threads.
+/// Group TTL's view as JSON (at most 4,096 groups per namespace), read off the network threads.
 async fn ttl(shared: &Arc<Shared>) -> Result<String, String> {
     let store = Arc::clone(&shared.store);
     let view = tokio::task::spawn_blocking(move || store.ttl_view()).await.map_err(|e| e.to_string())?;
