@@ -28,6 +28,7 @@ use kvhoard_kernels::rng::Rng;
 use kvhoard_kernels::synth::Synth;
 use serde_json::json;
 
+use super::bench_common::{noise, percentile, round3, stamp};
 use crate::size::human;
 
 /// The flags of `bench DIR`, as parsed; [`BenchArgs::new`] settles the defaults that depend on
@@ -174,7 +175,22 @@ pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let result = match args.workload {
         Workload::Throughput => throughput(dir, args),
         Workload::Restart => restart(dir, args),
-        Workload::Cleaning => super::bench_cleaning::run(dir, args, args.rounds),
+        Workload::Cleaning => super::bench_cleaning::run(
+            dir,
+            &super::bench_cleaning::CleaningArgs {
+                total: args.total,
+                block_size: args.block_size,
+                threads: args.threads,
+                rounds: args.rounds,
+                put_mbps: args.put_mbps,
+                opts: StoreOptions {
+                    direct_io: args.direct_io,
+                    io_backend: args.io_backend,
+                    buffer_pool_bytes: args.buffer_pool_bytes,
+                    ..StoreOptions::default()
+                },
+            },
+        ),
     };
     if !args.keep {
         for dir in [dir.join("roomy"), dir.join("tight"), dir.to_path_buf()] {
@@ -536,26 +552,6 @@ fn read_order(count: u64, random: bool) -> Vec<u64> {
     order
 }
 
-/// Makes a block's bytes unique by writing its number into its first bytes.
-pub(super) fn stamp(buf: &mut [u8], i: u64) {
-    let n = buf.len().min(8);
-    if let (Some(dst), Some(src)) = (buf.get_mut(..n), i.to_le_bytes().get(..n)) {
-        dst.copy_from_slice(src);
-    }
-}
-
-pub(super) fn noise(seed: u64, len: usize) -> Vec<u8> {
-    kvhoard_kernels::rng::bytes(seed, len)
-}
-
-pub(super) fn percentile(sorted: &[u32], p: f64) -> u32 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted.get(i).copied().unwrap_or(0)
-}
-
 /// User plus system CPU time of this process.
 fn cpu_seconds() -> f64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
@@ -573,8 +569,4 @@ fn cpu_seconds() -> f64 {
 
 fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
-}
-
-pub(super) fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }

@@ -23,7 +23,7 @@ use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, 
 use kvhoard_kernels::rng::Rng;
 use serde_json::json;
 
-use super::bench::{noise, percentile, round3, stamp, BenchArgs};
+use super::bench_common::{noise, percentile, round3, stamp};
 
 /// Share of the tight volume the hot set takes.
 const HOT_SHARE: f64 = 0.4;
@@ -42,7 +42,25 @@ struct Volume {
     put_s: f64,
 }
 
-pub fn run(dir: &Path, a: &BenchArgs, rounds: usize) -> anyhow::Result<serde_json::Value> {
+/// What a cleaning run is asked for (`kvhoard bench --workload cleaning`'s flags).
+#[derive(Debug, Clone)]
+pub struct CleaningArgs {
+    /// Bytes of the tight volume.
+    pub total: u64,
+    /// Bytes of each block.
+    pub block_size: u64,
+    /// Reader threads.
+    pub threads: usize,
+    /// Phases per volume, alternated.
+    pub rounds: usize,
+    /// MB/s the writer puts at.
+    pub put_mbps: f64,
+    /// How the volumes are opened (their placement is set here).
+    pub opts: StoreOptions,
+}
+
+pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
+    let rounds = a.rounds;
     ensure!(a.threads > 0, "--threads must be at least 1");
     ensure!(rounds > 0, "--rounds must be at least 1");
     ensure!(a.put_mbps > 0.0, "--put-mbps must be above 0");
@@ -58,13 +76,7 @@ pub fn run(dir: &Path, a: &BenchArgs, rounds: usize) -> anyhow::Result<serde_jso
     );
     let roomy_capacity = (hot + per_phase * rounds as u64 + 2) * record * 5 / 4 + 8 * segment;
     let open = |name: &str, capacity: u64| -> anyhow::Result<Store> {
-        let opts = StoreOptions {
-            direct_io: a.direct_io,
-            io_backend: a.io_backend,
-            buffer_pool_bytes: a.buffer_pool_bytes,
-            placement: Arc::new(Lru::default()),
-            ..StoreOptions::default()
-        };
+        let opts = StoreOptions { placement: Arc::new(Lru::default()), ..a.opts.clone() };
         let path = dir.join(name);
         Store::create(&path, &CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: segment }, opts)
             .with_context(|| format!("cannot create the benchmark volume {}", path.display()))

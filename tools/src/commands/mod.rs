@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_cleaning;
 pub mod bench_codecs;
+pub mod bench_common;
 pub mod cluster;
 pub mod demo;
 pub mod fsck;
