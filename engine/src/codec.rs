@@ -120,6 +120,24 @@ impl Codecs {
         Ok((decoded.len, decoded.positions, !params.spec.is_lossy()))
     }
 
+    /// The quality (`kvhoard_kernels::quality::quality_of_error` of the attention-output error,
+    /// probes derived from the block's own keys) a block keeps in the form `compressed` gives
+    /// it, against its `original` bytes. `None` for a block the estimate cannot take (no KV
+    /// tensor description) or that does not decode.
+    pub(crate) fn quality(
+        &self,
+        desc: &BlockDesc,
+        original: &[u8],
+        compressed: &Compressed,
+        pool: &Arc<BufferPool>,
+    ) -> Option<f64> {
+        let (params, shape) = params_of(desc, original.len() as u64, &compressed.meta).ok()?;
+        let mut bytes = pool.get(decoded_size(&params, &shape));
+        let decoded = self.with(|codec| codec.decompress(&params, &shape, &compressed.payload, &mut bytes)).ok()?;
+        let report = kvhoard_kernels::quality::estimate(&shape, original, &decoded, &bytes, None).ok()?;
+        Some(kvhoard_kernels::quality::quality_of_error(f64::from(report.mean_error())))
+    }
+
     /// Bytes a stored block decodes to.
     pub(crate) fn decoded_len(
         desc: &BlockDesc,

@@ -43,6 +43,14 @@ pub(crate) struct Metrics {
     pub recompressed_records: AtomicU64,
     /// Bytes those records take less than the ones they replaced.
     pub recompressed_saved_bytes: AtomicU64,
+    /// Blocks recoded to a lossy form from their original bytes (the population quality is
+    /// sampled from).
+    pub lossy_recodes: AtomicU64,
+    /// Of those, blocks whose quality was estimated and told to placement.
+    pub quality_samples: AtomicU64,
+    /// Samples after which placement scored the block's context again (below what it assumed by
+    /// more than the namespace's drift).
+    pub quality_rescored: AtomicU64,
 }
 
 impl Metrics {

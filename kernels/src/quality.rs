@@ -68,6 +68,15 @@ fn mean(x: &[f32]) -> f32 {
     }
 }
 
+/// Quality in [0, 1] of a block served with attention-output error `e`: `exp(-e / 0.05)`. The
+/// scale puts 8-bit quantization near 0.98 and 2-bit near 0.25 on the synthetic generator's
+/// blocks; it is a modelling choice, not a measurement of a language model's accuracy. The
+/// replay scores served blocks with it, and the engine turns the estimates it samples on stored
+/// blocks into the qualities the placement planner weighs (docs/replay.md, docs/placement.md).
+pub fn quality_of_error(e: f64) -> f64 {
+    (-e / 0.05).exp()
+}
+
 /// Compares a decoded block with its original. `queries`, when given, are the probes.
 pub fn estimate(
     desc: &KvShape,

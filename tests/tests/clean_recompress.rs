@@ -134,6 +134,7 @@ fn cleaning_recompresses_what_placement_asks_where_the_policy_allows() {
     assert_eq!(quantized, 8, "the eight lossy-namespace blocks of contexts 0 mod 3 are quantized, no other");
     assert!(stats.recompressed_records >= 16, "quant8 and lossless recompressions: {stats:?}");
     assert!(stats.recompressed_saved_bytes > 0, "{stats:?}");
+    assert!(stats.quality_samples >= 1, "the first block quantized by cleaning is sampled: {stats:?}");
     assert!(stats.live_bytes < before.live_bytes, "{} >= {}", stats.live_bytes, before.live_bytes);
     // Context 1 mod 3 is stored losslessly now, in both namespaces; the shared block is not.
     for ns in ["lossy", "strict"] {
@@ -195,4 +196,71 @@ fn cleaning_keeps_lossy_forms_as_they_are_and_the_rest_of_a_ttl() {
     assert!(got.meta.codec().starts_with("quant:bits=8"), "{}", got.meta.codec());
     assert!((3590..=3600).contains(&got.meta.ttl_secs), "the rest of its TTL: {}", got.meta.ttl_secs);
     check(&store, &expected, "after cleaning");
+}
+
+/// Quantizes every block to 2 bits and keeps the quality reports it is told.
+#[derive(Debug, Default)]
+struct QuantizeHard {
+    reports: std::sync::Mutex<Vec<(u64, f64, f64)>>,
+}
+
+impl Placement for QuantizeHard {
+    fn on_put(&self, _: &BlockInfo<'_>) -> PutPlan {
+        PutPlan { dram: false }
+    }
+    fn on_load(&self, _: &BlockInfo<'_>) -> bool {
+        false
+    }
+    fn victim(&self, candidates: &[SegmentView]) -> u32 {
+        candidates.iter().min_by_key(|s| s.seq).map_or(0, |s| s.index)
+    }
+    fn cleans(&self) -> bool {
+        true
+    }
+    fn keep(&self, _: &LiveBlock<'_>) -> Keep {
+        Keep::Recompress(CodecSpec::quant(2, 32, 0))
+    }
+    fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
+        self.reports.lock().unwrap().push((context, observed, drift));
+        true
+    }
+}
+
+#[test]
+fn cleaning_samples_the_quality_of_what_it_quantizes_and_tells_placement() {
+    let placement = Arc::new(QuantizeHard::default());
+    let dev = Arc::new(MemDevice::new(SEG * 16));
+    let opts = StoreOptions { placement: placement.clone(), ..StoreOptions::default() };
+    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    let settings = kvhoard_engine::NsSettings { drift: Some(0.1), ..Default::default() };
+    store.set_policy("lossy", Policy { lossy: true, settings, ..Default::default() }).unwrap();
+    let contexts: Vec<u64> = (0..40u64).map(|i| kvhoard_engine::placement::context_of(Some(i), "lossy", "")).collect();
+    for i in 0..40u64 {
+        let opts = PutOptions { desc: Some(shape().desc()), group: Some(i), ..PutOptions::default() };
+        store.put("lossy", &format!("k{i}"), &Synth::for_desc(shape(), i + 1).generate(), &opts).unwrap();
+    }
+    for _ in 0..8 {
+        store.clean_now().unwrap();
+    }
+    let stats = store.stats();
+    let reports = placement.reports.lock().unwrap().clone();
+    assert!(stats.recompressed_records >= 17, "{stats:?}");
+    // One recoding in sixteen is sampled: the first, the seventeenth, ...
+    assert_eq!(stats.quality_samples, reports.len() as u64);
+    assert!(!reports.is_empty() && stats.quality_samples <= stats.recompressed_records.div_ceil(16), "{stats:?}");
+    assert_eq!(stats.quality_rescored, stats.quality_samples, "this placement scores every report again");
+    for (context, quality, drift) in reports {
+        assert!(contexts.contains(&context), "a report names the block's context");
+        // 2-bit quantization keeps little of the attention output (near 0.25 on such blocks).
+        assert!(quality > 0.0 && quality < 0.9, "{quality}");
+        assert_eq!(drift, 0.1, "the namespace's drift");
+    }
+    // A client's recompress is not placement's plan: not sampled.
+    let opts = PutOptions { desc: Some(shape().desc()), group: Some(99), ..PutOptions::default() };
+    store.put("lossy", "mine", &Synth::for_desc(shape(), 99).generate(), &opts).unwrap();
+    let before = store.stats().quality_samples;
+    for _ in 0..20 {
+        store.recompress("lossy", "mine", q8(), Durability::Written).unwrap();
+    }
+    assert_eq!(store.stats().quality_samples, before);
 }

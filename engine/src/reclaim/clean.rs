@@ -333,7 +333,7 @@ fn recoded_form(parts: &Parts, r: &Relocation, frame: Block, spec: CodecSpec) ->
     if stored_codec(&m.desc, m.raw_len, &m.compression).is_some_and(|c| c.is_lossy()) {
         return None;
     }
-    match parts.recode(&r.namespace, &r.key, frame, spec) {
+    match parts.recode(&r.namespace, &r.key, frame, spec, true) {
         Ok(Recoded::New { header, stored }) => Some((*header, stored)),
         Ok(Recoded::Same | Recoded::Gone) => None,
         Err(e) => {

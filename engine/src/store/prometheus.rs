@@ -87,6 +87,16 @@ impl Stats {
                 "Bytes recompressed records take less than the ones they replaced.",
                 self.recompressed_saved_bytes,
             ),
+            (
+                "quality_samples_total",
+                "Blocks recoded to a lossy form whose quality was estimated and told to placement.",
+                self.quality_samples,
+            ),
+            (
+                "quality_rescored_total",
+                "Quality samples after which placement scored the block's context again.",
+                self.quality_rescored,
+            ),
             ("puts_total", "Blocks put (including deduplicated ones).", self.puts),
             ("put_bytes_total", "Bytes written for puts.", self.put_bytes),
             ("dedup_hits_total", "Puts whose bytes were already stored.", self.dedup_hits),

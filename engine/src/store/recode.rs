@@ -2,6 +2,8 @@
 //! for [`Store::recompress`] (a client asks) and for cleaning (placement asks,
 //! `reclaim/clean.rs`).
 
+use std::sync::atomic::Ordering;
+
 use kvhoard_format::record::RecordHeader;
 use kvhoard_kernels::CodecSpec;
 
@@ -11,11 +13,16 @@ use super::put::replacement;
 use super::Store;
 use crate::block::Block;
 use crate::buffer::PooledBuf;
-use crate::codec::{spec_of, Skipped};
+use crate::codec::{spec_of, Compressed, Skipped};
 use crate::error::{Result, StoreError};
 use crate::index::key_fp;
 use crate::options::{Durability, ReadOptions};
 use crate::parts::Parts;
+use crate::placement::context_of;
+
+/// Blocks recoded to a lossy form per quality estimate: an estimate decodes the new form and
+/// compares attention outputs with the original, about as much CPU as the recoding itself.
+pub(crate) const QUALITY_SAMPLE_EVERY: u64 = 16;
 
 /// What recoding a block gives.
 pub(crate) enum Recoded {
@@ -37,7 +44,18 @@ impl Parts {
     /// a lossy form back to a lossless one or raw bytes (the original is no longer held, so they
     /// would not decode to the bytes the block is named for), and blocks whose tokens were
     /// dropped.
-    pub(crate) fn recode(&self, namespace: &str, key: &str, frame: Block, codec: CodecSpec) -> Result<Recoded> {
+    ///
+    /// With `by_placement` (cleaning carries out placement's plan, so `codec` is the form
+    /// placement chose for the block's context), one lossy recoding in [`QUALITY_SAMPLE_EVERY`]
+    /// also estimates the quality the new form keeps and tells placement.
+    pub(crate) fn recode(
+        &self,
+        namespace: &str,
+        key: &str,
+        frame: Block,
+        codec: CodecSpec,
+        by_placement: bool,
+    ) -> Result<Recoded> {
         let target = self.policies.get(namespace).codec_for(namespace, Some(codec))?;
         let meta = frame.meta.clone();
         let current = spec_of(&meta.desc, meta.raw_len, &meta.compression).ok_or_else(|| StoreError::Codec {
@@ -66,6 +84,9 @@ impl Parts {
             None => None,
             Some(spec) => match self.codecs.compress(spec, &meta.desc, &decoded, &self.pool) {
                 Ok(c) => {
+                    if by_placement && spec.is_lossy() && !current.is_lossy() {
+                        self.sample_quality(namespace, key, &meta, &decoded, &c);
+                    }
                     header.compression = c.meta;
                     Some(c.payload)
                 }
@@ -97,6 +118,32 @@ impl Parts {
     }
 }
 
+impl Parts {
+    /// One block in [`QUALITY_SAMPLE_EVERY`] recoded to a lossy form from its original bytes:
+    /// estimates the quality the new form keeps and tells placement, as a client's report of
+    /// the block's context would (a planner scores the context again when it is below what it
+    /// assumed by more than the namespace's drift).
+    fn sample_quality(
+        &self,
+        namespace: &str,
+        key: &str,
+        meta: &crate::block::BlockMeta,
+        original: &[u8],
+        compressed: &Compressed,
+    ) {
+        if !self.metrics.lossy_recodes.fetch_add(1, Ordering::Relaxed).is_multiple_of(QUALITY_SAMPLE_EVERY) {
+            return;
+        }
+        let Some(quality) = self.codecs.quality(&meta.desc, original, compressed, &self.pool) else { return };
+        self.metrics.quality_samples.fetch_add(1, Ordering::Relaxed);
+        let drift = self.policies.get(namespace).settings.drift();
+        let context = context_of(meta.group_id, namespace, key);
+        if self.placement.report_quality(context, quality, drift) {
+            self.metrics.quality_rescored.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Store {
     /// Rewrites the live block under `key` with `codec` (what may be recoded, and how: above).
     /// A reader sees the old form or the new one, whole; the old record becomes dead space.
@@ -112,7 +159,7 @@ impl Store {
         };
         let Some(before) = content_before else { return Ok(false) };
         let Some(frame) = self.get_frame(namespace, key, ReadOptions::default())? else { return Ok(false) };
-        let (header, stored) = match parts.recode(namespace, key, frame, codec)? {
+        let (header, stored) = match parts.recode(namespace, key, frame, codec, false)? {
             Recoded::Same => return Ok(true),
             Recoded::Gone => return Ok(false),
             Recoded::New { header, stored } => (header, stored),

@@ -94,6 +94,11 @@ pub struct Stats {
     pub recompressed_records: u64,
     /// Bytes the recompressed records take less than the ones they replaced.
     pub recompressed_saved_bytes: u64,
+    /// Blocks recoded to a lossy form whose quality was estimated (one in
+    /// `QUALITY_SAMPLE_EVERY`) and told to placement.
+    pub quality_samples: u64,
+    /// Of those, samples after which placement scored the block's context again.
+    pub quality_rescored: u64,
     /// Bytes written by cleaning ÷ bytes put (0 when nothing was put).
     pub write_amplification: f64,
     pub puts: u64,
@@ -219,6 +224,8 @@ impl Store {
             relocated_records: get(&m.relocated_records),
             relocated_bytes: get(&m.relocated_bytes),
             recompressed_records: get(&m.recompressed_records),
+            quality_samples: get(&m.quality_samples),
+            quality_rescored: get(&m.quality_rescored),
             recompressed_saved_bytes: get(&m.recompressed_saved_bytes),
             write_amplification: get(&m.relocated_bytes) as f64 / get(&m.put_bytes).max(1) as f64,
             puts: get(&m.puts),

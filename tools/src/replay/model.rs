@@ -112,12 +112,8 @@ fn synth_at(level: usize, seed: u64) -> Synth {
 }
 
 /// Quality in [0, 1] of a block served with attention-output error `e` (measured with the
-/// generator's own queries): `exp(-e / 0.05)`. The scale puts 8-bit quantization near 0.98 and
-/// 2-bit near 0.25 on the generator's blocks; it is a modelling choice, not a measurement of a
-/// language model's accuracy (docs/replay.md).
-pub fn quality_of_error(e: f64) -> f64 {
-    (-e / 0.05).exp()
-}
+/// generator's own queries): the kernels' one calibration.
+pub use kvhoard_kernels::quality::quality_of_error;
 
 /// What a codec does to blocks, measured on generated blocks when the replay starts.
 #[derive(Debug, Clone, PartialEq)]
