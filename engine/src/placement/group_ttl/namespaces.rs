@@ -112,16 +112,16 @@ impl NamespaceTtls {
         }
     }
 
+    /// Every namespace's learner, taken from the map so that none is locked while the map is.
+    fn learners(&self) -> Vec<(String, Arc<Mutex<NsTtl>>)> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.iter().map(|(k, v)| (k.clone(), Arc::clone(v))).collect()
+    }
+
     /// Plans every namespace whose plan is due at `now_ms`, each outside its lock, unless
     /// `stopping` says to stop.
     pub(crate) fn replan(&self, now_ms: u64, stopping: &dyn Fn() -> bool) {
-        let namespaces: Vec<(String, Arc<Mutex<NsTtl>>)> = self
-            .map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
-            .collect();
+        let namespaces = self.learners();
         for (namespace, ns) in namespaces {
             if stopping() {
                 return;
@@ -136,13 +136,7 @@ impl NamespaceTtls {
 
     /// What group TTL decides in each namespace that keeps it, for people.
     pub(crate) fn view(&self) -> Vec<NamespaceTtlView> {
-        let namespaces: Vec<(String, Arc<Mutex<NsTtl>>)> = self
-            .map
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
-            .collect();
+        let namespaces = self.learners();
         let mut views: Vec<NamespaceTtlView> = namespaces
             .into_iter()
             .map(|(namespace, n)| {
