@@ -6,12 +6,13 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use serde_json::Value;
 
 /// Longest a server may take to answer.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The body of `GET path` from `addr`; an answer other than 200 is an error with its text.
-pub fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
+fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT)
         .with_context(|| format!("cannot reach {addr}: is `kvhoard serve --metrics {addr}` running?"))?;
     stream.set_read_timeout(Some(TIMEOUT))?;
@@ -25,4 +26,18 @@ pub fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
         bail!("{addr} answered {status}: {}", body.trim());
     }
     Ok(body.to_string())
+}
+
+/// Reads the JSON view at `path` from the metrics endpoint at `addr` (as `--metrics` takes it)
+/// and prints it: as JSON with `json`, else as `render` puts it for people.
+pub fn show(addr: &str, path: &str, json: bool, render: fn(&Value) -> String) -> anyhow::Result<()> {
+    let addr = super::serve::parse_addr(addr)?;
+    let body = get(addr, path)?;
+    let view: Value = serde_json::from_str(&body).with_context(|| format!("the server's {path} is not JSON"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", render(&view));
+    }
+    Ok(())
 }

@@ -3,10 +3,9 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use serde_json::Value;
 
-use super::metrics_client::get;
+use super::metrics_client::show;
 
 /// `kvhoard plan live`.
 #[derive(Debug, Clone, clap::Args)]
@@ -23,14 +22,7 @@ pub struct LiveArgs {
 }
 
 pub fn run(args: &LiveArgs) -> anyhow::Result<ExitCode> {
-    let addr = super::serve::parse_addr(&args.addr)?;
-    let body = get(addr, &format!("/plan?limit={}", args.limit))?;
-    let view: Value = serde_json::from_str(&body).context("the server's /plan is not JSON")?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-    } else {
-        print!("{}", render(&view));
-    }
+    show(&args.addr, &format!("/plan?limit={}", args.limit), args.json, render)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -4,10 +4,9 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use serde_json::Value;
 
-use super::metrics_client::get;
+use super::metrics_client::show;
 
 /// `kvhoard ttl`.
 #[derive(Debug, Clone, clap::Args)]
@@ -21,14 +20,7 @@ pub struct TtlArgs {
 }
 
 pub fn run(args: &TtlArgs) -> anyhow::Result<ExitCode> {
-    let addr = super::serve::parse_addr(&args.addr)?;
-    let body = get(addr, "/ttl")?;
-    let view: Value = serde_json::from_str(&body).context("the server's /ttl is not JSON")?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-    } else {
-        print!("{}", render(&view));
-    }
+    show(&args.addr, "/ttl", args.json, render)?;
     Ok(ExitCode::SUCCESS)
 }
 
