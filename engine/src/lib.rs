@@ -15,7 +15,8 @@
 //! checkpoint/ the index written out: snapshot, save, the background writer
 //! recovery    rebuilding the log state and the index at open
 //! tier/       the DRAM tier (LRU) and per-tier counters
-//! log/        the log writer's state machine, group commit, reading records back
+//! writer/     the log writer thread: records handed over by puts, joined, kept in flight
+//! log/        the log's state machine (segments, reservations, watermark), group commit
 //! index/      key → block → location, by fingerprint
 //! device/     where bytes go: io_uring, pread/pwrite, memory (crash simulation), faults
 //! buffer/     aligned buffers and their pool
@@ -24,7 +25,7 @@
 //! ```
 //!
 //! Entry point: [`Store`]. A put reads top to bottom through `store/put.rs`, `store/append.rs`,
-//! `store/submit.rs` and `log/`; a get through `store/get.rs`, `tier/` and `log/scan.rs`.
+//! `store/submit.rs`, `writer/` and `log/`; a get through `store/get.rs`, `tier/` and `log/scan.rs`.
 
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
@@ -51,6 +52,7 @@ mod store;
 mod thread;
 pub mod tier;
 mod volume;
+mod writer;
 
 pub use block::{codec_name, Block, BlockMeta};
 pub use buffer::AlignedBuf;
@@ -70,5 +72,6 @@ pub use store::{
     DIRECT_READ_MIN_BYTES,
 };
 pub use volume::{directory_segment_count, VolumeFiles};
+pub use writer::WriterConfig;
 
 pub use kvhoard_format as format;

@@ -95,8 +95,8 @@ pub struct StoreOptions {
     pub buffer_pool_bytes: usize,
     /// Write a checkpoint after this many segments were sealed (and at close).
     pub checkpoint_every_segments: u32,
-    /// Buffered writes queued for the background writer before `put` waits.
-    pub write_queue_depth: usize,
+    /// How the log writer keeps the device busy: bytes in flight, largest write.
+    pub writer: crate::writer::WriterConfig,
     /// Source of the current time (TTLs, record timestamps).
     pub clock: crate::clock::Clock,
     /// Decides where blocks live: DRAM admission, and which segment a full volume reclaims
@@ -120,7 +120,7 @@ impl Default for StoreOptions {
             uring: crate::device::UringConfig::default(),
             buffer_pool_bytes: 256 << 20,
             checkpoint_every_segments: 8,
-            write_queue_depth: 64,
+            writer: crate::writer::WriterConfig::default(),
             clock: crate::clock::Clock::system(),
             placement: std::sync::Arc::new(crate::placement::Fifo),
             dram_tier_bytes: 0,

@@ -60,6 +60,8 @@ pub(crate) struct Parts {
     pub(crate) recovery: RecoveryReport,
     /// Set by `close`: later reads fail instead of reading a volume another process may own.
     pub(crate) closed: AtomicBool,
+    /// Where reserved records wait for the log writer.
+    pub(crate) writer: Arc<crate::writer::Handoff>,
     /// The volume's exclusive lock; released by `close`, so the volume can be opened again by
     /// this or another process while this handle is still alive.
     pub(crate) lock: Mutex<Option<File>>,

@@ -5,7 +5,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use kvhoard_engine::{CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_engine::{
+    CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreOptions, WriterConfig,
+};
 use kvhoard_tests::{block, Rng};
 
 const WRITERS: u32 = 4;
@@ -42,7 +44,9 @@ fn check(t: u32, k: u32, bytes: &[u8]) -> u64 {
 
 fn run(io_backend: IoBackend, dram_tier_bytes: u64) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let opts = StoreOptions { io_backend, dram_tier_bytes, ..StoreOptions::default() };
+    // A log writer with little room: the writers wait for it, and records are joined and split.
+    let writer = WriterConfig { in_flight_bytes: 512 << 10, request_bytes: 128 << 10 };
+    let opts = StoreOptions { io_backend, dram_tier_bytes, writer, ..StoreOptions::default() };
     let create = CreateOptions { capacity_bytes: Some(256 << 20), segment_size_bytes: 4 << 20 };
     let mut store = Store::create(dir.path(), &create, opts.clone()).unwrap();
     // acked[t][k]: the last version whose put (or delete) returned, DELETED after a delete.

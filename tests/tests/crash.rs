@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use kvhoard_engine::check::{check_device, ScanOptions, Severity};
 use kvhoard_engine::device::{CrashMode, MemDevice};
-use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions, WriterConfig};
 use kvhoard_tests::{block, crash_block_len, Rng};
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -170,14 +170,17 @@ fn a_crash_while_checkpoints_are_written_loses_no_acknowledged_write() {
 fn crash_under_concurrent_writers(checkpoint_every_segments: u32) {
     let iterations = env_u64("KVHOARD_CRASH_ITERATIONS", 50).min(1000);
     let mut rng = Rng::new(seed());
-    let opts = || StoreOptions { checkpoint_every_segments, ..StoreOptions::default() };
+    // A log writer with little room in flight and small writes: four writers keep it full, so
+    // puts wait for room and records are joined into writes and split across them.
+    let writer = WriterConfig { in_flight_bytes: 256 << 10, request_bytes: 64 << 10 };
+    let opts = || StoreOptions { checkpoint_every_segments, writer, ..StoreOptions::default() };
     for iteration in 0..iterations {
         let dev = Arc::new(MemDevice::new(64 << 20));
         let create = CreateOptions { capacity_bytes: None, segment_size_bytes: 2 << 20 };
         let store = Arc::new(Store::create_on(dev.clone(), &create, opts()).unwrap());
         let acks = Arc::new(Mutex::new(Vec::<(u64, bool)>::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let writers: Vec<_> = (0..3u64)
+        let writers: Vec<_> = (0..4u64)
             .map(|t| {
                 let (store, acks, stop) = (store.clone(), acks.clone(), stop.clone());
                 std::thread::spawn(move || {

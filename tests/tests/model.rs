@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 
 use kvhoard_engine::device::{CrashMode, MemDevice};
 use kvhoard_engine::placement::{BlockInfo, Fifo, Placement, PutPlan, SegmentView};
-use kvhoard_engine::{CreateOptions, Durability, IoBackend, KeyId, PutOptions, ReadOptions, Store, StoreOptions};
+use kvhoard_engine::{
+    CreateOptions, Durability, IoBackend, KeyId, PutOptions, ReadOptions, Store, StoreOptions, WriterConfig,
+};
 use kvhoard_tests::block;
 use proptest::prelude::*;
 
@@ -292,6 +294,9 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
         checkpoint_every_segments,
         dram_tier_bytes,
         placement: recording.clone(),
+        // Little room in flight and small writes: puts wait for room, records are joined into
+        // writes and large ones split.
+        writer: WriterConfig { in_flight_bytes: 96 << 10, request_bytes: 16 << 10 },
         ..StoreOptions::default()
     };
     let fail = |e: kvhoard_engine::StoreError| TestCaseError::fail(e.to_string());

@@ -31,6 +31,17 @@ pub struct Cli {
     #[arg(long, global = true, default_value = "auto", value_parser = crate::flags::parse_backend, value_name = "BACKEND")]
     pub io_backend: kvhoard_engine::IoBackend,
 
+    /// Bytes of records the log writer keeps in flight to the device, and lets wait for it,
+    /// before a put waits [default: 64MiB, sized for NVMe]. Lower it to bound memory; a disk
+    /// that needs a deeper queue to reach its speed needs more.
+    #[arg(long, global = true, value_parser = crate::size::parse_size, value_name = "SIZE")]
+    pub write_in_flight: Option<u64>,
+
+    /// The largest single write the log writer makes: records that follow one another are
+    /// joined up to this size, and larger records split into writes of it [default: 2MiB].
+    #[arg(long, global = true, value_parser = crate::size::parse_size, value_name = "SIZE")]
+    pub write_size: Option<u64>,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -20,8 +20,17 @@ fn main() -> ExitCode {
     restore_sigpipe();
     let cli = Cli::parse();
     init_logging(&cli.log_level);
-    let opts =
-        kvhoard_engine::StoreOptions { direct_io: !cli.no_direct_io, io_backend: cli.io_backend, ..Default::default() };
+    let defaults = kvhoard_engine::WriterConfig::default();
+    let writer = kvhoard_engine::WriterConfig {
+        in_flight_bytes: cli.write_in_flight.unwrap_or(defaults.in_flight_bytes),
+        request_bytes: cli.write_size.map_or(defaults.request_bytes, |b| b as usize),
+    };
+    let opts = kvhoard_engine::StoreOptions {
+        direct_io: !cli.no_direct_io,
+        io_backend: cli.io_backend,
+        writer,
+        ..Default::default()
+    };
     let result = match cli.command {
         Command::Init { volume, capacity, segment_size, json } => {
             commands::init::run(&volume, capacity, segment_size, json, opts)
@@ -59,7 +68,7 @@ fn main() -> ExitCode {
         Command::Demo { dir, blocks, seed, json } => commands::demo::run(dir.as_deref(), blocks, seed, json),
         Command::Bench { suite: Some(crate::cli::BenchSuite::Codecs(args)), .. } => commands::bench_codecs::run(&args),
         Command::Bench { dir: Some(dir), suite: None, flags } => {
-            commands::bench::run(&dir, &commands::bench::BenchArgs::new(&flags, !cli.no_direct_io, cli.io_backend))
+            commands::bench::run(&dir, &commands::bench::BenchArgs::new(&flags, &opts))
         }
         Command::Bench { dir: None, .. } => Err(anyhow::anyhow!("bench needs a DIR, or `codecs`")),
     };

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::queue::{Completion, Waker, WriteQueue};
 use super::{BlockDevice, Capabilities, DeviceError};
 
 /// Which operation an injected fault hits.
@@ -98,11 +99,53 @@ impl BlockDevice for FaultDevice {
     fn boot(&self) -> u64 {
         self.inner.boot()
     }
+
+    fn write_queue(&self, depth: u32) -> std::io::Result<Box<dyn WriteQueue + '_>> {
+        Ok(Box::new(FaultQueue { inner: self.inner.write_queue(depth)?, faults: &self.faults, failed: Vec::new() }))
+    }
+}
+
+/// The inner device's own write queue (io_uring's, say), with faults in front: a write of
+/// several parts counts one write per part, and fails whole, unwritten, when one of them hits,
+/// as a write a disk rejects part-way through does for whoever waits on it.
+struct FaultQueue<'a> {
+    inner: Box<dyn WriteQueue + 'a>,
+    faults: &'a Faults,
+    failed: Vec<Completion>,
+}
+
+impl WriteQueue for FaultQueue<'_> {
+    unsafe fn submit(&mut self, token: u64, parts: &[&[u8]], offset: u64) -> Result<(), DeviceError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        // Every part is counted, as `write_at` would count them, whether or not one hit before.
+        let hit = parts.iter().fold(false, |hit, _| self.faults.take(FaultKind::Write) | hit);
+        if hit {
+            self.failed.push((token, Err(eio("write", offset, len as u64))));
+            return Ok(());
+        }
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.inner.submit(token, parts, offset) }
+    }
+
+    fn poll(&mut self, block: bool, done: &mut Vec<Completion>) {
+        let had = self.failed.len();
+        done.append(&mut self.failed);
+        // A failed write is a completion: no need to wait for another.
+        self.inner.poll(block && had == 0, done);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.failed.len()
+    }
+
+    fn waker(&self) -> Waker {
+        self.inner.waker()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use crate::buffer::AlignedBuf;
     use crate::device::MemDevice;
@@ -120,5 +163,29 @@ mod tests {
         dev.fail_nth(FaultKind::Sync, 1);
         assert!(dev.sync().is_err());
         dev.sync().unwrap();
+    }
+
+    #[test]
+    fn a_fault_in_one_part_fails_the_whole_queued_write_unwritten() {
+        let mem = Arc::new(MemDevice::new(1 << 20));
+        let dev = FaultDevice::new(Arc::clone(&mem) as Arc<dyn BlockDevice>);
+        let mut parts: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::zeroed(4096)).collect();
+        parts.iter_mut().for_each(|p| p.fill(9));
+        let mut q = dev.write_queue(8).unwrap();
+        dev.fail_nth(FaultKind::Write, 2);
+        let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        // SAFETY: the parts outlive the queue.
+        unsafe { q.submit(1, &slices, 0).unwrap() };
+        unsafe { q.submit(2, &slices[..1], 3 * 4096).unwrap() };
+        let mut done = Vec::new();
+        while q.in_flight() > 0 {
+            q.poll(true, &mut done);
+        }
+        done.sort_by_key(|c| c.0);
+        assert!(matches!(done[0], (1, Err(_))) && matches!(done[1], (2, Ok(()))));
+        let mut r = AlignedBuf::zeroed(4 * 4096);
+        mem.read_at(&mut r, 0).unwrap();
+        assert!(r[..3 * 4096].iter().all(|&b| b == 0), "a failed write leaves nothing");
+        assert!(r[3 * 4096..].iter().all(|&b| b == 9));
     }
 }

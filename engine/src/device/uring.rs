@@ -18,6 +18,8 @@ use io_uring::{opcode, types, IoUring};
 use kvhoard_format::UNIT_BYTES;
 
 use super::file::device_size;
+use super::queue::WriteQueue;
+use super::uring_queue::UringQueue;
 use super::{check_request, BlockDevice, Capabilities, DeviceError};
 
 /// Tuning of the io_uring backend.
@@ -226,6 +228,10 @@ impl BlockDevice for UringDevice {
 
     fn sync(&self) -> Result<(), DeviceError> {
         self.file.sync_data().map_err(|source| DeviceError::Io { op: "sync", offset: 0, len: 0, source })
+    }
+
+    fn write_queue(&self, depth: u32) -> std::io::Result<Box<dyn WriteQueue + '_>> {
+        Ok(Box::new(UringQueue::new(&self.file, depth)?))
     }
 
     fn capabilities(&self) -> Capabilities {

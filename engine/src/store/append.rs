@@ -14,7 +14,7 @@ use kvhoard_format::UNIT_BYTES;
 use kvhoard_kernels::CodecSpec;
 use std::sync::atomic::Ordering;
 
-use super::submit::{WriteJob, PARALLEL_MIN_BYTES};
+use super::submit::PARALLEL_MIN_BYTES;
 use super::Store;
 use crate::buffer::{BufferPool, PooledBuf};
 use crate::codec::stored_codec;
@@ -24,6 +24,7 @@ use crate::log::{Loc, LogState, Pos};
 use crate::parts::Parts;
 use crate::placement::{context_of, BlockInfo};
 use crate::recovery::expiry;
+use crate::writer::WriteJob;
 
 /// Why a rename's link could not be reserved.
 pub(crate) const SOURCE_CHANGED: &str = "the key changed while it was being renamed or recompressed";
@@ -205,7 +206,7 @@ impl Parts {
             let (jobs, done) = self.reserve(rest)?;
             rest = rest.get_mut(done..).unwrap_or_default();
             last_end = jobs.iter().map(WriteJob::end).max().max(last_end);
-            self.write_jobs(&jobs)?;
+            self.write_jobs(jobs)?;
         }
         Ok(last_end)
     }

@@ -28,7 +28,6 @@ pub use stats::{CodecStats, NamespaceStats, PolicyStats, Stats};
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
@@ -55,13 +54,11 @@ use crate::thread::Stopper;
 use crate::tier::Tiers;
 use crate::volume::{self, VolumePaths};
 
-use self::submit::WriteJob;
-
 /// A kvhoard volume, open. Cheap to share: all methods take `&self` and are thread-safe.
 #[derive(Debug)]
 pub struct Store {
     parts: Arc<Parts>,
-    writer: Mutex<Option<(SyncSender<WriteJob>, JoinHandle<()>)>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
     checkpointer: Mutex<Option<JoinHandle<()>>>,
     /// The background cleaner, when placement cleans.
     cleaner: Mutex<Option<(Arc<CleanerControl>, JoinHandle<()>)>>,
@@ -202,10 +199,11 @@ impl Store {
             clock: opts.clock.clone(),
             recovery: recovered.report,
             closed: AtomicBool::new(false),
+            writer: Arc::new(crate::writer::Handoff::new(opts.writer.in_flight_bytes)),
             lock: Mutex::new(lock),
             opts,
         });
-        let writer = submit::spawn_writer(Arc::clone(&parts))?;
+        let writer = submit::spawn_writer(&parts)?;
         let (jobs, checkpointer) =
             checkpoint::spawn_background(Arc::downgrade(&parts.log), Arc::downgrade(&parts.checkpoints))?;
         parts.checkpoints.start_background(jobs);
@@ -359,8 +357,8 @@ impl Store {
 
     fn stop_writer(&self) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((tx, handle)) = writer {
-            drop(tx);
+        self.parts.writer.close();
+        if let Some(handle) = writer {
             if handle.join().is_err() {
                 tracing::error!("background writer panicked");
             }

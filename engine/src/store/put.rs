@@ -6,7 +6,6 @@ use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, Rec
 use kvhoard_format::{BlockDesc, CompressionMeta};
 
 use super::append::{Prepared, SOURCE_CHANGED};
-use super::submit::WriteJob;
 use super::Store;
 use crate::block::BlockMeta;
 use crate::error::{Result, StoreError};
@@ -16,6 +15,7 @@ use crate::options::{Durability, PutOptions};
 use crate::placement::group_ttl::Access;
 use crate::placement::{context_of, BlockInfo};
 use crate::policy::Policy;
+use crate::writer::WriteJob;
 
 /// A batch larger than this is prepared in groups of about this size, the next while the last
 /// is written.
@@ -75,9 +75,11 @@ impl Store {
         let groups = pipeline_groups(checked);
         let mut hashes = Vec::with_capacity(items.len());
         let mut last_end = Pos::default();
+        // Every group is handed to the log writer without waiting for the last one's writes, so
+        // the device queue stays full across groups; the batch then waits once.
         let mut write = |mut prepared: Vec<Prepared<'_>>| -> Result<()> {
             hashes.extend(prepared.iter().map(|p| p.header.content_hash));
-            last_end = last_end.max(self.append_all(&mut prepared, opts.durability)?);
+            last_end = last_end.max(self.append_all(&mut prepared, Durability::Buffered)?);
             Ok(())
         };
         if groups.len() <= 1 {
@@ -100,14 +102,17 @@ impl Store {
                 rx.into_iter().try_for_each(|prepared| write(prepared?))
             })?;
         }
+        if opts.durability != Durability::Buffered {
+            parts.log.wait_written(last_end)?;
+        }
         if opts.durability == Durability::Synced {
             parts.log.sync_to(last_end)?;
         }
         Ok(hashes)
     }
 
-    /// Reserves and submits `items` in log order (several reservations when they span segments);
-    /// returns the end of the last record.
+    /// Reserves and submits `items` in log order (several reservations when they span segments),
+    /// each reservation waited for as `durability` says; returns the end of the last record.
     pub(super) fn append_all(&self, items: &mut [Prepared<'_>], durability: Durability) -> Result<Pos> {
         let mut last_end = Pos::default();
         let mut rest = items;

@@ -110,13 +110,14 @@ pub struct BenchArgs {
     pub json: bool,
     pub direct_io: bool,
     pub io_backend: kvhoard_engine::IoBackend,
+    pub writer: kvhoard_engine::WriterConfig,
     pub buffer_pool_bytes: usize,
     pub codec: Option<kvhoard_engine::CodecSpec>,
 }
 
 impl BenchArgs {
     /// The settings `flags` and the global flags ask for.
-    pub fn new(flags: &BenchFlags, direct_io: bool, io_backend: kvhoard_engine::IoBackend) -> BenchArgs {
+    pub fn new(flags: &BenchFlags, base: &StoreOptions) -> BenchArgs {
         BenchArgs {
             workload: flags.workload,
             block_size: flags.block_size.unwrap_or(match flags.workload {
@@ -136,8 +137,9 @@ impl BenchArgs {
             put_mbps: flags.put_mbps,
             keep: flags.keep,
             json: flags.json,
-            direct_io,
-            io_backend,
+            direct_io: base.direct_io,
+            io_backend: base.io_backend,
+            writer: base.writer,
             buffer_pool_bytes: flags.buffer_pool as usize,
             codec: flags.codec,
         }
@@ -187,6 +189,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
                     direct_io: args.direct_io,
                     io_backend: args.io_backend,
                     buffer_pool_bytes: args.buffer_pool_bytes,
+                    writer: args.writer,
                     ..StoreOptions::default()
                 },
             },
@@ -239,6 +242,7 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         direct_io: a.direct_io,
         io_backend: a.io_backend,
         buffer_pool_bytes: a.buffer_pool_bytes,
+        writer: a.writer,
         dram_tier_bytes: if a.tier == Tier::Dram { capacity } else { 0 },
         ..StoreOptions::default()
     };
@@ -444,6 +448,7 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         direct_io: a.direct_io,
         io_backend: a.io_backend,
         buffer_pool_bytes: a.buffer_pool_bytes,
+        writer: a.writer,
         ..StoreOptions::default()
     };
     let store = Store::create(

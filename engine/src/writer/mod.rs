@@ -1,0 +1,76 @@
+//! The log writer: the one thread that writes records to the device.
+//!
+//! Puts and the cleaner reserve records in log order (which fixes where each one goes), hand
+//! them to the writer through the [`Handoff`], and wait for the written watermark (or, for a
+//! buffered put, do not wait). The writer joins records that follow one another on the device
+//! into one write of up to [`WriterConfig::request_bytes`], keeps up to
+//! [`WriterConfig::in_flight_bytes`] in flight through the device's write queue, and marks each
+//! record written as its write completes, in whatever order the device finishes them: the log's
+//! watermark only moves over a prefix with nothing in flight, so an acknowledged record never
+//! depends on an unwritten earlier one.
+//!
+//! No client thread does device I/O for a record: the device sees one submitter keeping many
+//! writes in flight, as fio does, instead of each client's one write at a time.
+
+mod handoff;
+mod thread;
+
+pub(crate) use handoff::Handoff;
+pub(crate) use thread::spawn;
+
+use std::sync::Arc;
+
+use kvhoard_format::UNIT_BYTES;
+
+use crate::buffer::PooledBuf;
+use crate::index::KeyFp;
+use crate::log::{Loc, Pos};
+
+/// How the log writer uses the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterConfig {
+    /// Bytes of records written or waiting to be: the device's queue is kept this full, and a
+    /// put waits to hand its records over while this many wait already.
+    pub in_flight_bytes: u64,
+    /// The largest single write: consecutive records are joined up to this size, and a larger
+    /// record is split into writes of this size, all in flight at once.
+    pub request_bytes: usize,
+}
+
+impl Default for WriterConfig {
+    /// Sized for NVMe: 32 writes of 2 MiB in flight, what fio needs to reach such a disk's
+    /// sequential write speed (docs/benchmarks.md).
+    fn default() -> Self {
+        WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 2 << 20 }
+    }
+}
+
+/// Writes in flight at most, whatever their size (the device queue's depth).
+const MAX_WRITES_IN_FLIGHT: usize = 256;
+
+/// Records in one write at most (an iovec each).
+const MAX_RECORDS_PER_WRITE: usize = 64;
+
+/// A reserved record on its way to the device.
+#[derive(Debug)]
+pub(crate) struct WriteJob {
+    /// The record's bytes, header included, a whole number of units.
+    pub(crate) buf: Arc<PooledBuf>,
+    /// Where it goes.
+    pub(crate) loc: Loc,
+    /// The segment use it belongs to.
+    pub(crate) seq: u64,
+    /// Its key, taken out of the index again if the write fails.
+    pub(crate) key: KeyFp,
+}
+
+impl WriteJob {
+    /// The log position right after this record.
+    pub(crate) fn end(&self) -> Pos {
+        Pos { seq: self.seq, unit: self.loc.unit + self.units() }
+    }
+
+    fn units(&self) -> u32 {
+        (self.buf.len() as u64 / UNIT_BYTES) as u32
+    }
+}

@@ -1,0 +1,201 @@
+//! The writer thread: takes records from the handoff, joins neighbours into writes, keeps the
+//! device queue full, and marks records written as their writes complete.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::handoff::Handoff;
+use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_WRITES_IN_FLIGHT};
+use crate::device::{DeviceError, Immediate, WriteQueue};
+use crate::error::Result;
+use crate::log::Log;
+
+/// Starts the writer. `failed` runs (under the log lock) for a record whose write failed,
+/// before anyone waiting for it is woken: the store takes its key out of the index there.
+pub(crate) fn spawn(
+    handoff: Arc<Handoff>,
+    log: Arc<Log>,
+    config: WriterConfig,
+    failed: impl Fn(&WriteJob) + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    crate::thread::spawn("kvhoard-writer", move || run(&handoff, &log, config, &failed))
+}
+
+/// A record being written: its job, the writes it still waits for, and the first error.
+struct Slot {
+    job: WriteJob,
+    remaining: u32,
+    error: Option<DeviceError>,
+}
+
+/// One write being built: consecutive records of one segment, or a piece of one record.
+struct Request {
+    offset: u64,
+    /// (record id, byte range of its buffer).
+    parts: Vec<(u64, std::ops::Range<usize>)>,
+    bytes: usize,
+}
+
+/// What the writer keeps between rounds.
+struct Flights {
+    slots: HashMap<u64, Slot>,
+    /// Each write in flight: the records it carries and its size.
+    writes: HashMap<u64, (Vec<u64>, usize)>,
+    bytes: u64,
+    next_record: u64,
+    next_write: u64,
+}
+
+fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&WriteJob)) {
+    let dev = Arc::clone(&log.dev);
+    let mut flights =
+        Flights { slots: HashMap::new(), writes: HashMap::new(), bytes: 0, next_record: 0, next_write: 0 };
+    // Declared after `flights`, whose buffers the kernel reads, so that it is dropped first:
+    // dropping a queue waits for every write in flight.
+    let mut queue: Box<dyn WriteQueue + '_> = match dev.write_queue(MAX_WRITES_IN_FLIGHT as u32) {
+        Ok(q) => q,
+        Err(e) => {
+            tracing::warn!(error = %e, "the device's write queue could not be set up; writing one record at a time");
+            Box::new(Immediate::new(&*dev))
+        }
+    };
+    let waker = queue.waker();
+    let mut done = Vec::new();
+    loop {
+        let idle = queue.in_flight() == 0;
+        let room = if queue.in_flight() >= MAX_WRITES_IN_FLIGHT {
+            0
+        } else {
+            config.in_flight_bytes.saturating_sub(flights.bytes)
+        };
+        let taken = handoff.take(room, idle);
+        if taken.finished && idle {
+            return;
+        }
+        let crowded = taken.crowded;
+        for request in flights.requests(taken.jobs, config, log) {
+            flights.submit(queue.as_mut(), request, log, failed);
+        }
+        if queue.in_flight() == 0 {
+            continue;
+        }
+        // Wait for a completion while nothing new is waiting (a sender wakes the wait), or when
+        // what waits does not fit until a write completes.
+        let wait = crowded || handoff.park(&waker);
+        queue.poll(wait, &mut done);
+        handoff.unpark();
+        for (token, result) in done.drain(..) {
+            flights.complete(token, result, log, failed);
+        }
+    }
+}
+
+impl Flights {
+    /// Gives each job an id and slot, and cuts the jobs into writes: neighbours on the device
+    /// joined, large records split.
+    fn requests(&mut self, jobs: Vec<WriteJob>, config: WriterConfig, log: &Log) -> Vec<Request> {
+        // Pieces of a split record must stay unit-aligned for O_DIRECT.
+        let unit = kvhoard_format::UNIT_BYTES as usize;
+        let max = (config.request_bytes / unit).max(1) * unit;
+        let mut out: Vec<Request> = Vec::new();
+        let mut tail: Option<(u32, u32)> = None; // (segment, unit) right after the last request
+        for job in jobs {
+            let id = self.next_record;
+            self.next_record += 1;
+            let len = job.buf.len();
+            let offset = log.sb.segment_offset(job.loc.segment) + u64::from(job.loc.unit) * kvhoard_format::UNIT_BYTES;
+            let follows = tail == Some((job.loc.segment, job.loc.unit));
+            let joined = match out.last_mut() {
+                Some(last) if follows && last.bytes + len <= max && last.parts.len() < MAX_RECORDS_PER_WRITE => {
+                    last.parts.push((id, 0..len));
+                    last.bytes += len;
+                    1
+                }
+                _ => 0,
+            };
+            let pieces = if joined == 1 {
+                1
+            } else {
+                let mut at = 0;
+                let mut pieces = 0;
+                while at < len || pieces == 0 {
+                    let n = max.min(len - at);
+                    out.push(Request { offset: offset + at as u64, parts: vec![(id, at..at + n)], bytes: n });
+                    at += n;
+                    pieces += 1;
+                }
+                pieces
+            };
+            tail = Some((job.loc.segment, job.loc.unit + job.units()));
+            self.slots.insert(id, Slot { job, remaining: pieces, error: None });
+        }
+        out
+    }
+
+    /// Starts one write; a write the queue refuses completes at once, failed.
+    fn submit(&mut self, queue: &mut dyn WriteQueue, request: Request, log: &Log, failed: &dyn Fn(&WriteJob)) {
+        let token = self.next_write;
+        self.next_write += 1;
+        let ids: Vec<u64> = request.parts.iter().map(|(id, _)| *id).collect();
+        let parts: Vec<&[u8]> = request
+            .parts
+            .iter()
+            .filter_map(|(id, range)| self.slots.get(id).and_then(|s| s.job.buf.get(range.clone())))
+            .collect();
+        // SAFETY: every part is a range of a record buffer held (by an Arc in its slot) until
+        // the write's completion has been handled, and record buffers are not changed after
+        // reservation; the queue is dropped before the slots (see `run`).
+        let started = unsafe { queue.submit(token, &parts, request.offset) };
+        match started {
+            Ok(()) => {
+                self.bytes += request.bytes as u64;
+                self.writes.insert(token, (ids, request.bytes));
+            }
+            Err(e) => {
+                self.writes.insert(token, (ids, 0));
+                self.complete(token, Err(e), log, failed);
+            }
+        }
+    }
+
+    /// A write completed: the records it carried that wait for nothing more are done.
+    fn complete(&mut self, token: u64, result: Result<(), DeviceError>, log: &Log, failed: &dyn Fn(&WriteJob)) {
+        let Some((ids, bytes)) = self.writes.remove(&token) else { return };
+        self.bytes = self.bytes.saturating_sub(bytes as u64);
+        let error = result.err();
+        for id in ids {
+            let Some(slot) = self.slots.get_mut(&id) else { continue };
+            slot.remaining = slot.remaining.saturating_sub(1);
+            if slot.error.is_none() {
+                // Every record of a failed write fails with it.
+                slot.error = error.as_ref().map(same_error);
+            }
+            if slot.remaining > 0 {
+                continue;
+            }
+            let Some(slot) = self.slots.remove(&id) else { continue };
+            let outcome = match slot.error {
+                Some(e) => Err(e),
+                None => Ok(()),
+            };
+            log.record_written(slot.job.loc, slot.job.seq, &outcome, || failed(&slot.job));
+        }
+    }
+}
+
+/// The same device error again, for another record of the same failed write.
+fn same_error(e: &DeviceError) -> DeviceError {
+    match e {
+        DeviceError::Io { op, offset, len, source } => DeviceError::Io {
+            op,
+            offset: *offset,
+            len: *len,
+            source: match source.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(source.kind(), source.to_string()),
+            },
+        },
+        other => DeviceError::Io { op: "write", offset: 0, len: 0, source: std::io::Error::other(other.to_string()) },
+    }
+}
