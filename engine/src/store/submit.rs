@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::Store;
+use crate::device::DeviceError;
 use crate::error::Result;
 use crate::log::Pos;
 use crate::options::Durability;
@@ -30,7 +31,7 @@ impl Store {
     /// they and everything before them are written.
     pub(super) fn submit(&self, jobs: Vec<WriteJob>, durability: Durability) -> Result<()> {
         let end = jobs.iter().map(WriteJob::end).max();
-        self.parts.writer.send(jobs)?;
+        self.parts.hand_over(jobs)?;
         match (durability, end) {
             (Durability::Buffered, _) | (_, None) => Ok(()),
             (_, Some(end)) => self.parts.log.wait_written(end),
@@ -43,8 +44,25 @@ impl Parts {
     /// are written.
     pub(crate) fn write_jobs(&self, jobs: Vec<WriteJob>) -> Result<()> {
         let end = jobs.iter().map(WriteJob::end).max();
-        self.writer.send(jobs)?;
+        self.hand_over(jobs)?;
         end.map_or(Ok(()), |end: Pos| self.log.wait_written(end))
+    }
+
+    /// Hands reserved records to the writer. If it has stopped (a put racing `close`), they will
+    /// never be written: they fail as a failed write does (out of the index, the log poisoned,
+    /// no longer in flight), so that nothing waits for them forever and close reports it.
+    fn hand_over(&self, jobs: Vec<WriteJob>) -> Result<()> {
+        let Err((error, jobs)) = self.writer.send(jobs) else { return Ok(()) };
+        for job in &jobs {
+            let never = DeviceError::Io {
+                op: "write",
+                offset: 0,
+                len: job.buf.len() as u64,
+                source: std::io::Error::other("the store was closed before the record was written"),
+            };
+            self.log.record_written(job.loc, job.seq, &Err(never), || self.unindex_failed(job));
+        }
+        Err(error)
     }
 
     /// A record's write failed: its bytes never reached the log, so its key must not lead to

@@ -274,6 +274,24 @@ fn a_failed_write_is_not_acknowledged_and_poisons_writes_until_reopen() {
     std::mem::forget(s);
 }
 
+/// A put that reserved its records just as `close` stopped the log writer: its records are
+/// never written, so they fail as a failed write does, and close reports it instead of waiting
+/// for them forever. The volume opens with every acknowledged block.
+#[test]
+fn a_put_racing_close_fails_and_close_does_not_hang() {
+    let (dev, s) = mem_store(8);
+    s.put("default", "before", b"ok", &synced()).unwrap();
+    // What stop_writer does first, before close takes the log lock.
+    s.parts.writer.close();
+    let err = s.put("default", "racing", &block(4, 9000), &synced()).unwrap_err();
+    assert!(matches!(err, StoreError::Closed), "{err:?}");
+    assert!(get(&s, "racing").is_none());
+    assert!(matches!(s.close(), Err(StoreError::Poisoned { .. })));
+    let (_d, s2) = reopen(&dev, CrashMode::KeepAll);
+    assert_eq!(get(&s2, "before").unwrap(), b"ok");
+    assert!(get(&s2, "racing").is_none());
+}
+
 #[test]
 fn a_failed_sync_is_not_acknowledged() {
     let (dev, s) = mem_store(8);

@@ -5,7 +5,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use super::WriteJob;
 use crate::device::Waker;
-use crate::error::{Result, StoreError};
+use crate::error::StoreError;
 
 /// Records handed to the writer and not yet taken by it, in the order they were handed over.
 #[derive(Debug)]
@@ -53,10 +53,9 @@ impl Handoff {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hands `jobs` to the writer, waiting first while the queue is full. Fails once closed:
-    /// the jobs are then not written (the caller's reservations stay unwritten, as after a
-    /// crash, and the log is refused for writes from then on by close).
-    pub(crate) fn send(&self, jobs: Vec<WriteJob>) -> Result<()> {
+    /// Hands `jobs` to the writer, waiting first while the queue is full. Once closed, gives
+    /// them back with the error: they will not be written, and the caller must release them.
+    pub(crate) fn send(&self, jobs: Vec<WriteJob>) -> std::result::Result<(), (StoreError, Vec<WriteJob>)> {
         if jobs.is_empty() {
             return Ok(());
         }
@@ -65,7 +64,7 @@ impl Handoff {
             state = self.room.wait(state).unwrap_or_else(|e| e.into_inner());
         }
         if state.closed {
-            return Err(StoreError::Closed);
+            return Err((StoreError::Closed, jobs));
         }
         for job in jobs {
             state.bytes += job.buf.len() as u64;
