@@ -87,6 +87,20 @@ fn every_codec_dtype_and_layout_round_trips_through_restart_and_crash() {
             let frame = store.get_frame("default", key, ReadOptions::default()).unwrap().unwrap();
             assert_eq!(frame.len() as u64, frame.meta.stored_len, "{key}: the frame is the stored form");
         }
+        // The same blocks in one batch (reads in flight together, decoded on every core), with
+        // a miss in the middle.
+        let mut keys: Vec<&str> = expected.iter().map(|(k, ..)| k.as_str()).collect();
+        keys.insert(keys.len() / 2, "no such key");
+        let got = store.get_batch("default", &keys, ReadOptions { verify_hash: true }).unwrap();
+        let mut want = expected.iter().map(|(_, w, ..)| Some(w));
+        for (key, block) in keys.iter().zip(got) {
+            if *key == "no such key" {
+                assert!(block.is_none(), "{when}: a miss in a batch");
+                continue;
+            }
+            let w = want.next().unwrap().unwrap();
+            assert!(block.unwrap()[..] == w[..], "{key} {when}: get_batch differs");
+        }
     };
     check(&store, "before a restart");
     store.close().unwrap();

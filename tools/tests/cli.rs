@@ -151,6 +151,29 @@ fn demo_runs_and_reports_json() {
     assert!(j["put_mbps"].as_f64().unwrap() > 0.0);
 }
 
+/// With fio installed, `--compare-disk` measures the disk before and after and reports the
+/// ratios; without it, it refuses with what to install.
+#[test]
+fn bench_compares_with_the_disk_through_fio() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("b");
+    let args = ["bench", p(&vol), "--block-size", "64KiB", "--total", "4MiB", "--compare-disk", "--json"];
+    let fio = std::process::Command::new("fio").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !fio {
+        let out = kvhoard(&args);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("apt-get install fio"), "{out:?}");
+        return;
+    }
+    let j: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
+    for field in ["put_acked_vs_disk", "put_vs_disk_synced", "get_vs_disk"] {
+        assert!(j[field].as_f64().is_some_and(|r| r > 0.0), "{field} missing in {j}");
+    }
+    assert_eq!(j["disk"]["tool"], "fio");
+    assert!(j["disk"]["write_mbps_before"].as_f64().is_some_and(|m| m > 0.0), "{j}");
+    assert!(!dir.path().join("b").exists(), "the benchmark volume and fio's file were not removed");
+}
+
 #[test]
 fn bench_reports_the_fields_scripts_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -167,14 +190,17 @@ fn bench_reports_the_fields_scripts_read() {
         "random",
         "--batch",
         "5",
+        "--get-batch",
+        "7",
         "--json",
     ]);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     for field in ["put_mbps", "put_acked_mbps", "get_mbps", "get_p50_us", "get_p99_us", "cpu_seconds_per_gb"] {
         assert!(j[field].is_number(), "{field} missing in {j}");
     }
-    // 128 blocks in calls of 5 (the last one 3): every block stored and read back.
+    // 128 blocks put in calls of 5 and got in calls of 7: every block stored and read back.
     assert_eq!((j["blocks"].as_u64(), j["batch"].as_u64()), (Some(128), Some(5)));
+    assert_eq!(j["get_batch"].as_u64(), Some(7));
     assert!(!dir.path().join("b").exists(), "the benchmark volume was not removed");
     let out = ok(&[
         "bench",

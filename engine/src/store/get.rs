@@ -194,33 +194,6 @@ impl Store {
         Ok(Some((block.meta.clone(), block.len())))
     }
 
-    /// Gets many keys; a miss is `None` in its place. Keys are read and decoded on every core at
-    /// once: one thread's device reads are in flight while another decodes.
-    pub fn get_batch(&self, namespace: &str, keys: &[&str], opts: ReadOptions) -> Result<Vec<Option<Block>>> {
-        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(keys.len());
-        if workers < 2 {
-            return keys.iter().map(|k| self.get(namespace, k, opts)).collect();
-        }
-        let per = keys.len().div_ceil(workers);
-        let chunks: Vec<Result<Vec<Option<Block>>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = keys
-                .chunks(per)
-                .map(|chunk| s.spawn(move || chunk.iter().map(|k| self.get(namespace, k, opts)).collect()))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| Err(StoreError::invalid("get_batch", "a reading thread panicked")))
-                })
-                .collect()
-        });
-        let mut out = Vec::with_capacity(keys.len());
-        for chunk in chunks {
-            out.extend(chunk?);
-        }
-        Ok(out)
-    }
-
     /// Whether `key` names a stored, unexpired block. Does no I/O.
     pub fn contains(&self, namespace: &str, key: &str) -> Result<bool> {
         Ok(self.contains_batch(namespace, &[key])?.first().copied().unwrap_or(false))
@@ -293,7 +266,7 @@ impl Parts {
     }
 
     /// The block from the DRAM tier, if it is there and intact; a damaged copy is counted.
-    fn dram_hit(&self, entry: &ContentEntry, opts: ReadOptions) -> Option<Block> {
+    pub(super) fn dram_hit(&self, entry: &ContentEntry, opts: ReadOptions) -> Option<Block> {
         match self.tiers.dram_hit(entry, opts.verify_hash) {
             DramRead::Hit(block) => Some(block),
             DramRead::Miss => None,
@@ -400,18 +373,35 @@ impl Parts {
         if let Some(block) = self.dram_hit(entry, opts) {
             return Ok(Some(block));
         }
-        let loc = entry.record;
         let started = Instant::now();
-        let hint = u64::from(entry.fp[0]);
-        let bytes = match self.log.pending_record(&loc) {
+        let bytes = match self.log.pending_record(&entry.record) {
             Some(buf) => Bytes::Shared(buf),
             None => {
                 let mut buf = self.pool.get(entry.units as usize * UNIT_BYTES as usize);
-                let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
-                self.log.dev.read_at(&mut buf, offset)?;
+                self.log.dev.read_at(&mut buf, self.record_offset(entry))?;
                 Bytes::Owned(buf)
             }
         };
+        self.checked(entry, bytes, started, opts, still_current)
+    }
+
+    /// Where `entry`'s record starts on the device.
+    pub(super) fn record_offset(&self, entry: &ContentEntry) -> u64 {
+        self.log.sb.segment_offset(entry.record.segment) + u64::from(entry.record.unit) * UNIT_BYTES
+    }
+
+    /// Checks the bytes of `entry`'s record, read since `started` (or still pending), and makes
+    /// the block of them; a mismatch is a miss, counted as damage if `still_current`.
+    pub(super) fn checked(
+        &self,
+        entry: &ContentEntry,
+        bytes: Bytes,
+        started: Instant,
+        opts: ReadOptions,
+        still_current: impl Fn() -> bool,
+    ) -> Result<Option<Block>> {
+        let loc = entry.record;
+        let hint = u64::from(entry.fp[0]);
         match verify(bytes.as_slice(), entry, opts) {
             Ok(header) => {
                 let bytes = match bytes {

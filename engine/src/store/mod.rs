@@ -12,6 +12,7 @@
 pub(crate) mod append;
 mod decode;
 mod get;
+mod get_batch;
 mod list;
 mod pin;
 mod plan;

@@ -292,6 +292,44 @@ fn a_put_racing_close_fails_and_close_does_not_hang() {
     assert!(get(&s2, "racing").is_none());
 }
 
+/// A batch larger than one round of reads, with misses, repeated keys, blocks still being
+/// written and a damaged record: every hit is its own block, the damaged one a counted miss.
+#[test]
+fn get_batch_reads_every_record_in_rounds_and_checks_each() {
+    let (dev, s) = mem_store(100);
+    // 80 records of about 900 KB, one per 1 MiB segment: 72 MB, more than one round's 64 MiB.
+    let big: Vec<Vec<u8>> = (0..80).map(|i| block(100 + i, 900_000 - 1000 * i as usize)).collect();
+    for (i, b) in big.iter().enumerate() {
+        s.put("default", &format!("big{i}"), b, &synced()).unwrap();
+    }
+    s.put("default", "damaged", &block(7, 20_000), &synced()).unwrap();
+    s.close().unwrap();
+    // Flip a payload byte of "damaged" on the device.
+    let mut image = dev.image();
+    let at = {
+        let s2 = Store::open_on(Arc::new(MemDevice::from_image(image.clone())), StoreOptions::default()).unwrap();
+        let b = s2.get("default", "damaged", ReadOptions::default()).unwrap().unwrap();
+        s2.superblock().segment_offset(b.meta.location.segment) + u64::from(b.meta.location.unit) * 4096
+    };
+    image[(at + 4096 + 10) as usize] ^= 1;
+    let s = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap();
+    let buffered = PutOptions { durability: Durability::Buffered, ..PutOptions::default() };
+    s.put("default", "fresh", &block(9, 5000), &buffered).unwrap();
+    let mut keys: Vec<String> = (0..80).map(|i| format!("big{i}")).collect();
+    keys.extend(["missing", "big3", "damaged", "fresh"].map(String::from));
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let got = s.get_batch("default", &names, ReadOptions { verify_hash: true }).unwrap();
+    assert_eq!(got.len(), names.len());
+    for (i, b) in big.iter().enumerate() {
+        assert_eq!(got[i].as_ref().map(|g| g.to_vec()).as_ref(), Some(b), "big{i}");
+    }
+    assert!(got[80].is_none(), "a missing key");
+    assert_eq!(got[81].as_ref().unwrap().to_vec(), big[3], "a repeated key");
+    assert!(got[82].is_none(), "a damaged record is a miss");
+    assert_eq!(s.stats().read_errors, 1);
+    assert_eq!(got[83].as_ref().unwrap().to_vec(), block(9, 5000), "a buffered put, written or not");
+}
+
 #[test]
 fn a_failed_sync_is_not_acknowledged() {
     let (dev, s) = mem_store(8);

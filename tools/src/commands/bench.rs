@@ -51,6 +51,10 @@ pub struct BenchFlags {
     /// group commit), as LMCache's batched adapters store.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub batch: usize,
+    /// Blocks per get call (throughput, ssd tier): above 1, `get_batch`, whose reads are all in
+    /// flight at once, as the plugins' batched loads read.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub get_batch: usize,
     /// Durability of the puts (see put).
     #[arg(long, default_value = "written", value_parser = crate::flags::parse_durability, value_name = "LEVEL")]
     pub durability: Durability,
@@ -65,6 +69,14 @@ pub struct BenchFlags {
     /// engine), the simplest alternative, and report the ratios.
     #[arg(long)]
     pub compare_files: bool,
+    /// Also measure the disk itself with fio (throughput), just before and just after, on the
+    /// same directory (one job, io_uring, queue depth 32, O_DIRECT, the same block size and
+    /// bytes; random reads with `--read-pattern random`), and report the engine's ratios to it:
+    /// acknowledged puts against fio's writes, puts with their final sync against fio's writes
+    /// with a final fdatasync, gets against fio's reads. Needs fio, and room in DIR for --total
+    /// bytes more.
+    #[arg(long)]
+    pub compare_disk: bool,
     /// Number of blocks (restart).
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub blocks: u64,
@@ -99,10 +111,12 @@ pub struct BenchArgs {
     pub total: u64,
     pub threads: usize,
     pub batch: usize,
+    pub get_batch: usize,
     pub durability: Durability,
     pub random_reads: bool,
     pub tier: Tier,
     pub compare_files: bool,
+    pub compare_disk: bool,
     pub blocks: u64,
     pub rounds: usize,
     pub put_mbps: f64,
@@ -128,10 +142,12 @@ impl BenchArgs {
             total: flags.total,
             threads: flags.threads,
             batch: flags.batch,
+            get_batch: flags.get_batch,
             durability: flags.durability,
             random_reads: flags.read_pattern == "random",
             tier: flags.tier,
             compare_files: flags.compare_files,
+            compare_disk: flags.compare_disk,
             blocks: flags.blocks,
             rounds: flags.rounds,
             put_mbps: flags.put_mbps,
@@ -234,7 +250,16 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     ensure!(a.block_size > 0 && a.total >= a.block_size, "--total must hold at least one --block-size");
     ensure!(a.threads > 0, "--threads must be at least 1");
     ensure!(a.batch > 0, "--batch must be at least 1");
+    ensure!(a.get_batch > 0, "--get-batch must be at least 1");
     let count = a.total / a.block_size;
+    // The disk first, on the empty directory, then again after the engine.
+    let disk_before = if a.compare_disk {
+        super::bench_disk::check_fio()?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        Some(super::bench_disk::measure(dir, a.block_size, count * a.block_size, a.random_reads, a.direct_io)?)
+    } else {
+        None
+    };
     let record = a.block_size.div_ceil(4096) * 4096 + 4096;
     let segment = (record * 4).max(64 << 20).div_ceil(1 << 20) << 20;
     let capacity = (count * record) * 11 / 10 + 4 * segment;
@@ -301,21 +326,38 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let cpu1 = cpu_seconds();
     let order = read_order(count, a.random_reads);
     let hits = AtomicU64::new(0);
-    let (get_time, get_lat) = parallel(count, a.threads, |i, buf: &mut Vec<u8>| {
-        let key = format!("block-{}", order.get(i as usize).copied().unwrap_or(i));
-        let len = match a.tier {
-            Tier::Ssd => store.get("bench", &key, ReadOptions::default())?.map(|b| b.len()),
-            Tier::Dram => {
-                buf.resize(a.block_size as usize, 0);
-                store.get_into("bench", &key, buf, ReadOptions::default())?.map(|(_, n)| n)
+    let key_of = |i: u64| format!("block-{}", order.get(i as usize).copied().unwrap_or(i));
+    let batched = a.get_batch > 1 && a.tier == Tier::Ssd;
+    let (get_time, get_lat) = if batched {
+        // Each call gets `get_batch` keys of the order; latencies are per call.
+        let calls = count.div_ceil(a.get_batch as u64);
+        parallel(calls, a.threads, |c, _: &mut ()| {
+            let first = c * a.get_batch as u64;
+            let keys: Vec<String> = (first..(first + a.get_batch as u64).min(count)).map(key_of).collect();
+            let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let got = store.get_batch("bench", &names, ReadOptions::default())?;
+            let found = got.iter().flatten().filter(|b| b.len() as u64 == a.block_size).count();
+            hits.fetch_add(found as u64, Ordering::Relaxed);
+            progress.inc(names.len() as u64);
+            Ok(())
+        })?
+    } else {
+        parallel(count, a.threads, |i, buf: &mut Vec<u8>| {
+            let key = key_of(i);
+            let len = match a.tier {
+                Tier::Ssd => store.get("bench", &key, ReadOptions::default())?.map(|b| b.len()),
+                Tier::Dram => {
+                    buf.resize(a.block_size as usize, 0);
+                    store.get_into("bench", &key, buf, ReadOptions::default())?.map(|(_, n)| n)
+                }
+            };
+            if len.is_some_and(|n| n as u64 == a.block_size) {
+                hits.fetch_add(1, Ordering::Relaxed);
             }
-        };
-        if len.is_some_and(|n| n as u64 == a.block_size) {
-            hits.fetch_add(1, Ordering::Relaxed);
-        }
-        progress.inc(1);
-        Ok(())
-    })?;
+            progress.inc(1);
+            Ok(())
+        })?
+    };
     let cpu2 = cpu_seconds();
     progress.finish_and_clear();
     let stats = store.stats();
@@ -352,6 +394,7 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "put_mbps": round1(mbps(put_time)),
         "put_acked_mbps": round1(mbps(acked_time)),
         "batch": a.batch,
+        "get_batch": if batched { a.get_batch } else { 1 },
         "get_mbps": round1(mbps(get_time)),
         "put_p50_us": percentile(&put_lat, 50.0),
         "put_p99_us": percentile(&put_lat, 99.0),
@@ -366,6 +409,31 @@ fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "codec": a.codec.map_or_else(|| "none (random bytes)".to_string(), |c| c.to_string()),
         "stored_ratio": round3(stored_ratio),
     });
+    if let Some(before) = disk_before {
+        let after = super::bench_disk::measure(dir, a.block_size, count * a.block_size, a.random_reads, a.direct_io)?;
+        let write = (before.write_mbps + after.write_mbps) / 2.0;
+        let synced = (before.write_synced_mbps + after.write_synced_mbps) / 2.0;
+        let read = (before.read_mbps + after.read_mbps) / 2.0;
+        if let Some(obj) = report.as_object_mut() {
+            obj.insert(
+                "disk".into(),
+                json!({
+                    "tool": "fio",
+                    "iodepth": super::bench_disk::IODEPTH,
+                    "read_pattern": if a.random_reads { "random" } else { "seq" },
+                    "write_mbps_before": round1(before.write_mbps),
+                    "write_mbps_after": round1(after.write_mbps),
+                    "write_synced_mbps_before": round1(before.write_synced_mbps),
+                    "write_synced_mbps_after": round1(after.write_synced_mbps),
+                    "read_mbps_before": round1(before.read_mbps),
+                    "read_mbps_after": round1(after.read_mbps),
+                }),
+            );
+            obj.insert("put_acked_vs_disk".into(), json!(round3(mbps(acked_time) / write.max(1e-9))));
+            obj.insert("put_vs_disk_synced".into(), json!(round3(mbps(put_time) / synced.max(1e-9))));
+            obj.insert("get_vs_disk".into(), json!(round3(mbps(get_time) / read.max(1e-9))));
+        }
+    }
     if a.compare_files {
         let files = dir.join("files");
         let result = files::throughput(&files, count, a, &order);

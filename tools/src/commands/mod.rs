@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_cleaning;
 pub mod bench_codecs;
 pub mod bench_common;
+pub mod bench_disk;
 pub mod cluster;
 pub mod demo;
 pub mod fsck;
