@@ -67,6 +67,14 @@ pub(crate) struct Parts {
     pub(crate) lock: Mutex<Option<File>>,
 }
 
+impl Drop for Parts {
+    /// Ends the log writer (after what it was handed) however the parts go: a store closed, a
+    /// panicking drop, or an open that failed after the writer started.
+    fn drop(&mut self) {
+        self.writer.close();
+    }
+}
+
 impl Parts {
     /// Fails once the store is closed.
     pub(crate) fn ensure_open(&self) -> Result<()> {

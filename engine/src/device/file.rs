@@ -11,6 +11,9 @@ use super::{check_request, BlockDevice, Capabilities, DeviceError};
 /// Threads `read_many` spreads its reads over at most.
 const READ_THREADS: usize = 8;
 
+/// Fewer reads than this are done one after another by the calling thread.
+const SPREAD_MIN_READS: usize = 4;
+
 /// A volume file or block device accessed with pread/pwrite, bypassing the page cache with
 /// O_DIRECT where the file system supports it.
 #[derive(Debug)]
@@ -83,8 +86,9 @@ impl BlockDevice for FileDevice {
         for (buf, offset) in reads.iter() {
             check_request("read", *offset, buf.len(), self.capacity, UNIT_BYTES)?;
         }
+        // A few reads (a direct read's header and payload) are not worth starting threads for.
         let threads = reads.len().min(READ_THREADS);
-        if threads < 2 {
+        if reads.len() < SPREAD_MIN_READS {
             return reads.iter_mut().try_for_each(|(buf, offset)| self.read_at(buf, *offset));
         }
         let per = reads.len().div_ceil(threads);

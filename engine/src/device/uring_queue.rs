@@ -49,9 +49,12 @@ impl<'a> UringQueue<'a> {
         let entries = depth.clamp(1, 4095).saturating_add(1).next_power_of_two();
         let ring = IoUring::new(entries)?;
         ring.submitter().register_files(&[file.as_raw_fd()])?;
+        // Blocking: some kernels complete an io_uring read of a non-blocking file at once with
+        // EAGAIN instead of waiting, which would turn the writer's wait into a busy loop. A write
+        // to it blocks only when the counter is near 2^64, which one wake per send never reaches.
         // SAFETY: eventfd has no memory arguments; a non-negative result is a new descriptor
         // that nothing else owns.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -148,7 +151,6 @@ impl WriteQueue for UringQueue<'_> {
         Arc::new(move || {
             let one: u64 = 1;
             // SAFETY: the descriptor is kept open by the Arc; the buffer is 8 readable bytes.
-            // A full counter (EAGAIN) already means "wake up".
             unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
         })
     }

@@ -1,9 +1,10 @@
 //! The log: where records go, in what order, and when they count as written and durable.
 //!
-//! - [`Log`] (`writer.rs`) is the writer's state machine: segment states, the open segment's
+//! - [`Log`] (`state.rs`) is the log's state machine: segment states, the open segment's
 //!   reservations and written watermark, sealing, starting and resuming segments, freeing a
 //!   reclaimed one, and the summaries that wait for a sync. Every transition happens under its
-//!   lock, in log order; the record writes themselves run outside it, possibly out of order.
+//!   lock, in log order; the record writes themselves are the log writer thread's
+//!   (`crate::writer`), outside it, possibly out of order.
 //! - `commit.rs`: group commit, one fdatasync for every writer waiting for one.
 //! - `scan.rs` reads records back (one for a get, a whole segment for recovery and listing);
 //!   `seal.rs` writes a sealed segment's summary and trailer.
@@ -16,11 +17,11 @@ mod open_seg;
 pub(crate) mod probe;
 pub(crate) mod scan;
 pub(crate) mod seal;
-mod writer;
+mod state;
 
 pub(crate) use commit::GroupCommit;
 pub(crate) use open_seg::OpenSeg;
-pub(crate) use writer::{Log, LogState};
+pub(crate) use state::{Log, LogState};
 
 use kvhoard_format::UNIT_BYTES;
 

@@ -14,7 +14,6 @@ use kvhoard_format::UNIT_BYTES;
 use kvhoard_kernels::CodecSpec;
 use std::sync::atomic::Ordering;
 
-use super::submit::PARALLEL_MIN_BYTES;
 use super::Store;
 use crate::buffer::{BufferPool, PooledBuf};
 use crate::codec::stored_codec;
@@ -25,6 +24,10 @@ use crate::parts::Parts;
 use crate::placement::{context_of, BlockInfo};
 use crate::recovery::expiry;
 use crate::writer::WriteJob;
+
+/// Batches smaller than this are prepared by the calling thread alone: starting threads would
+/// cost more than it saves.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
 
 /// Why a rename's link could not be reserved.
 pub(crate) const SOURCE_CHANGED: &str = "the key changed while it was being renamed or recompressed";
@@ -196,9 +199,9 @@ impl Parts {
         Prepared { header, payload: bytes, compressed, buf, key, content, condition: None, sole: false }
     }
 
-    /// Reserves and writes `items` (several reservations when they span segments) on this
-    /// thread, as a `written` put does; returns the end of the last record written, `None` when
-    /// nothing was (a tombstone of a key already gone).
+    /// Reserves `items` (several reservations when they span segments), hands them to the log
+    /// writer and waits for them, as a `written` put does; returns the end of the last record
+    /// written, `None` when nothing was (a tombstone of a key already gone).
     pub(crate) fn append_written(&self, items: &mut [Prepared<'_>]) -> Result<Option<Pos>> {
         let mut last_end = None;
         let mut rest = items;
@@ -243,6 +246,9 @@ impl Parts {
                         let seq = open.seq;
                         let (sealed, outcome) = self.log.seal_open(state, seq, self.opts.checkpoint_every_segments)?;
                         state = sealed;
+                        // The seal waited without the log lock: close may have begun meanwhile,
+                        // and it waits only for records reserved before it.
+                        state.writable()?;
                         if outcome.checkpoint_due {
                             self.checkpoints.snapshot_in_background(&mut state, &self.index, &self.log, &self.clock);
                         }
@@ -262,6 +268,10 @@ impl Parts {
                         .and_then(|k| index.content(k.content))
                         .is_some_and(|c| c.fp == content && (!sole || c.refs == 1));
                     if !still {
+                        // Records reserved already must still be handed over (see below).
+                        if !jobs.is_empty() {
+                            return Ok((jobs, done));
+                        }
                         return Err(StoreError::invalid("rename", SOURCE_CHANGED));
                     }
                 }
@@ -279,7 +289,13 @@ impl Parts {
                 // Opening a segment reclaimed the key just now: nothing is left to delete.
                 continue;
             }
-            jobs.push(self.reserve_one(&mut state, item)?);
+            match self.reserve_one(&mut state, item) {
+                Ok(job) => jobs.push(job),
+                // The records reserved before it are in flight and must be handed over, or a
+                // seal would wait for them forever: they go, and the next call fails.
+                Err(_) if !jobs.is_empty() => return Ok((jobs, done)),
+                Err(e) => return Err(e),
+            }
         }
         Ok((jobs, items.len()))
     }

@@ -17,8 +17,8 @@ use crate::error::{Result, StoreError};
 use crate::index::{key_fp, ContentEntry};
 use crate::options::ReadOptions;
 
-/// Record bytes read in one round at most: a larger batch is read in rounds, so its engine
-/// buffers stay bounded.
+/// Record bytes read in one round at most: a larger batch is read in rounds, so the reads in
+/// flight at once stay bounded (the blocks read are all kept until they are returned).
 const ROUND_BYTES: usize = 64 << 20;
 
 /// Where one key's record comes from in a round.

@@ -294,14 +294,18 @@ impl Store {
     pub fn close(&self) -> Result<()> {
         self.stop_ttl_planner();
         self.stop_cleaner();
+        let parts = &self.parts;
+        // Refuse new reservations first, and let the records reserved already (a put between
+        // its reservation and handing it over, or waiting for room) reach the device before
+        // the writer stops: a put racing close either fails before it reserves or completes.
+        let already = std::mem::replace(&mut parts.log.lock().closed, true);
+        parts.log.wait_idle();
         self.stop_writer();
         self.stop_checkpointer();
-        let parts = &self.parts;
-        let mut state = parts.log.lock();
-        if state.closed {
+        if already {
             return Ok(());
         }
-        state.closed = true;
+        let mut state = parts.log.lock();
         parts.closed.store(true, Ordering::Release);
         let result = match state.poisoned.clone() {
             Some(reason) => Err(StoreError::Poisoned { reason }),
@@ -361,7 +365,7 @@ impl Store {
         self.parts.writer.close();
         if let Some(handle) = writer {
             if handle.join().is_err() {
-                tracing::error!("background writer panicked");
+                tracing::error!("the log writer thread panicked");
             }
         }
     }
@@ -372,8 +376,10 @@ impl Drop for Store {
         if std::thread::panicking() {
             // A panicking caller may have left a reservation unwritten; sealing would wait for
             // it forever. The next open recovers from the log. The checkpointer ends after what
-            // it is writing (it holds no strong reference to the store).
+            // it is writing (it holds no strong reference to the store); so does the log writer,
+            // after what it was handed.
             self.parts.checkpoints.stop_background();
+            self.parts.writer.close();
             return;
         }
         if let Err(e) = self.close() {

@@ -13,17 +13,18 @@ use crate::options::Durability;
 use crate::parts::Parts;
 use crate::writer::WriteJob;
 
-/// Batches smaller than this are prepared by the calling thread alone: starting threads would
-/// cost more than it saves.
-pub(super) const PARALLEL_MIN_BYTES: usize = 1 << 20;
-
 /// Starts the log writer of a store's parts.
 pub(super) fn spawn_writer(parts: &Arc<Parts>) -> Result<std::thread::JoinHandle<()>> {
     let handoff = Arc::clone(&parts.writer);
     let log = Arc::clone(&parts.log);
-    // The writer holds the parts until close stops it: a failed write's key leaves the index.
-    let owner = Arc::clone(parts);
-    crate::writer::spawn(handoff, log, parts.opts.writer, move |job| owner.unindex_failed(job))
+    // A failed write's key leaves the index. Weak: the writer must not keep the parts (and the
+    // volume's lock) alive; dropping them closes the handoff, which ends the writer.
+    let owner = Arc::downgrade(parts);
+    crate::writer::spawn(handoff, log, parts.opts.writer, move |job| {
+        if let Some(parts) = owner.upgrade() {
+            parts.unindex_failed(job);
+        }
+    })
 }
 
 impl Store {

@@ -107,10 +107,11 @@ impl Handoff {
     }
 
     /// Before the writer waits in its device queue: leaves `wake` for the next sender, unless
-    /// jobs are waiting already (then returns false and the writer must not wait).
+    /// jobs are waiting already (then returns false and the writer must not wait). Once closed
+    /// no sender comes, and the writer waits for its writes alone.
     pub(super) fn park(&self, wake: &Waker) -> bool {
         let mut state = self.lock();
-        if !state.jobs.is_empty() || state.closed {
+        if !state.jobs.is_empty() {
             return false;
         }
         state.parked = Some(std::sync::Arc::clone(wake));

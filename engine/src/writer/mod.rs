@@ -29,8 +29,9 @@ use crate::log::{Loc, Pos};
 /// How the log writer uses the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriterConfig {
-    /// Bytes of records written or waiting to be: the device's queue is kept this full, and a
-    /// put waits to hand its records over while this many wait already.
+    /// Bytes of records the writer has taken and not yet written: the device's queue is kept
+    /// this full. As many again may wait to be taken before a put waits to hand its records
+    /// over, so up to twice this (and one larger record) is held for writing at once.
     pub in_flight_bytes: u64,
     /// The largest single write: consecutive records are joined up to this size, and a larger
     /// record is split into writes of this size, all in flight at once.
@@ -50,6 +51,9 @@ const MAX_WRITES_IN_FLIGHT: usize = 256;
 
 /// Records in one write at most (an iovec each).
 const MAX_RECORDS_PER_WRITE: usize = 64;
+
+/// The largest write, whatever `request_bytes` says: its length must fit the kernel's.
+const MAX_REQUEST_BYTES: usize = 1 << 30;
 
 /// A reserved record on its way to the device.
 #[derive(Debug)]

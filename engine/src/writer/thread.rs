@@ -1,12 +1,12 @@
 //! The writer thread: takes records from the handoff, joins neighbours into writes, keeps the
 //! device queue full, and marks records written as their writes complete.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::handoff::Handoff;
-use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_WRITES_IN_FLIGHT};
+use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_REQUEST_BYTES, MAX_WRITES_IN_FLIGHT};
 use crate::device::{DeviceError, Immediate, WriteQueue};
 use crate::error::Result;
 use crate::log::Log;
@@ -40,17 +40,43 @@ struct Request {
 /// What the writer keeps between rounds.
 struct Flights {
     slots: HashMap<u64, Slot>,
+    /// Writes cut from the records taken, not yet started (the queue was full).
+    queued: VecDeque<Request>,
     /// Each write in flight: the records it carries and its size.
     writes: HashMap<u64, (Vec<u64>, usize)>,
+    /// Bytes of the records taken and not yet written: queued or in flight.
     bytes: u64,
     next_record: u64,
     next_write: u64,
 }
 
+/// If the writer thread unwinds, nothing would ever complete the records handed to it: the log
+/// is poisoned (waiters fail instead of waiting forever) and the handoff closed (senders too).
+struct PanicGuard<'a> {
+    handoff: &'a Handoff,
+    log: &'a Log,
+}
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.log.poison(&mut self.log.lock(), "the log writer thread panicked".into());
+            self.handoff.close();
+        }
+    }
+}
+
 fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&WriteJob)) {
+    let _guard = PanicGuard { handoff, log };
     let dev = Arc::clone(&log.dev);
-    let mut flights =
-        Flights { slots: HashMap::new(), writes: HashMap::new(), bytes: 0, next_record: 0, next_write: 0 };
+    let mut flights = Flights {
+        slots: HashMap::new(),
+        queued: VecDeque::new(),
+        writes: HashMap::new(),
+        bytes: 0,
+        next_record: 0,
+        next_write: 0,
+    };
     // Declared after `flights`, whose buffers the kernel reads, so that it is dropped first:
     // dropping a queue waits for every write in flight.
     let mut queue: Box<dyn WriteQueue + '_> = match dev.write_queue(MAX_WRITES_IN_FLIGHT as u32) {
@@ -63,26 +89,25 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
     let waker = queue.waker();
     let mut done = Vec::new();
     loop {
-        let idle = queue.in_flight() == 0;
-        let room = if queue.in_flight() >= MAX_WRITES_IN_FLIGHT {
-            0
-        } else {
-            config.in_flight_bytes.saturating_sub(flights.bytes)
-        };
+        let idle = queue.in_flight() == 0 && flights.queued.is_empty();
+        let room = config.in_flight_bytes.saturating_sub(flights.bytes);
         let taken = handoff.take(room, idle);
         if taken.finished && idle {
             return;
         }
         let crowded = taken.crowded;
-        for request in flights.requests(taken.jobs, config, log) {
+        flights.cut(taken.jobs, config, log);
+        // Never more writes in flight than the queue was made for.
+        while queue.in_flight() < MAX_WRITES_IN_FLIGHT {
+            let Some(request) = flights.queued.pop_front() else { break };
             flights.submit(queue.as_mut(), request, log, failed);
         }
         if queue.in_flight() == 0 {
             continue;
         }
         // Wait for a completion while nothing new is waiting (a sender wakes the wait), or when
-        // what waits does not fit until a write completes.
-        let wait = crowded || handoff.park(&waker);
+        // what waits cannot start until a write completes.
+        let wait = crowded || !flights.queued.is_empty() || handoff.park(&waker);
         queue.poll(wait, &mut done);
         handoff.unpark();
         for (token, result) in done.drain(..) {
@@ -92,21 +117,26 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
 }
 
 impl Flights {
-    /// Gives each job an id and slot, and cuts the jobs into writes: neighbours on the device
-    /// joined, large records split.
-    fn requests(&mut self, jobs: Vec<WriteJob>, config: WriterConfig, log: &Log) -> Vec<Request> {
-        // Pieces of a split record must stay unit-aligned for O_DIRECT.
+    /// Gives each job an id and slot, and cuts the jobs into writes queued to start: neighbours
+    /// on the device joined, large records split.
+    fn cut(&mut self, mut jobs: Vec<WriteJob>, config: WriterConfig, log: &Log) {
+        // Puts hand their records over in the order they get to it, not in log order: sorted,
+        // records that follow one another on the device are next to each other, and join.
+        jobs.sort_unstable_by_key(|j| (j.seq, j.loc.unit));
+        // Pieces of a split record must stay unit-aligned for O_DIRECT, and a write's length
+        // must fit the kernel's (a u32, and at most about 2 GiB at once).
         let unit = kvhoard_format::UNIT_BYTES as usize;
-        let max = (config.request_bytes / unit).max(1) * unit;
-        let mut out: Vec<Request> = Vec::new();
+        let max = (config.request_bytes.min(MAX_REQUEST_BYTES) / unit).max(1) * unit;
+        let out = &mut self.queued;
         let mut tail: Option<(u32, u32)> = None; // (segment, unit) right after the last request
         for job in jobs {
+            self.bytes += job.buf.len() as u64;
             let id = self.next_record;
             self.next_record += 1;
             let len = job.buf.len();
             let offset = log.sb.segment_offset(job.loc.segment) + u64::from(job.loc.unit) * kvhoard_format::UNIT_BYTES;
             let follows = tail == Some((job.loc.segment, job.loc.unit));
-            let joined = match out.last_mut() {
+            let joined = match out.back_mut() {
                 Some(last) if follows && last.bytes + len <= max && last.parts.len() < MAX_RECORDS_PER_WRITE => {
                     last.parts.push((id, 0..len));
                     last.bytes += len;
@@ -121,7 +151,7 @@ impl Flights {
                 let mut pieces = 0;
                 while at < len || pieces == 0 {
                     let n = max.min(len - at);
-                    out.push(Request { offset: offset + at as u64, parts: vec![(id, at..at + n)], bytes: n });
+                    out.push_back(Request { offset: offset + at as u64, parts: vec![(id, at..at + n)], bytes: n });
                     at += n;
                     pieces += 1;
                 }
@@ -130,7 +160,6 @@ impl Flights {
             tail = Some((job.loc.segment, job.loc.unit + job.units()));
             self.slots.insert(id, Slot { job, remaining: pieces, error: None });
         }
-        out
     }
 
     /// Starts one write; a write the queue refuses completes at once, failed.
@@ -138,24 +167,25 @@ impl Flights {
         let token = self.next_write;
         self.next_write += 1;
         let ids: Vec<u64> = request.parts.iter().map(|(id, _)| *id).collect();
-        let parts: Vec<&[u8]> = request
+        let parts: Option<Vec<&[u8]>> = request
             .parts
             .iter()
-            .filter_map(|(id, range)| self.slots.get(id).and_then(|s| s.job.buf.get(range.clone())))
+            .map(|(id, range)| self.slots.get(id).and_then(|s| s.job.buf.get(range.clone())))
             .collect();
+        self.writes.insert(token, (ids, request.bytes));
+        let Some(parts) = parts else {
+            // Cannot happen (every part was cut from a slot's buffer); a write missing a part
+            // would put the rest at the wrong offsets, so it fails instead.
+            let why = std::io::Error::other("a record of the write went missing");
+            let e = DeviceError::Io { op: "write", offset: request.offset, len: request.bytes as u64, source: why };
+            return self.complete(token, Err(e), log, failed);
+        };
         // SAFETY: every part is a range of a record buffer held (by an Arc in its slot) until
         // the write's completion has been handled, and record buffers are not changed after
         // reservation; the queue is dropped before the slots (see `run`).
         let started = unsafe { queue.submit(token, &parts, request.offset) };
-        match started {
-            Ok(()) => {
-                self.bytes += request.bytes as u64;
-                self.writes.insert(token, (ids, request.bytes));
-            }
-            Err(e) => {
-                self.writes.insert(token, (ids, 0));
-                self.complete(token, Err(e), log, failed);
-            }
+        if let Err(e) = started {
+            self.complete(token, Err(e), log, failed);
         }
     }
 

@@ -1,4 +1,4 @@
-//! The log writer's state machine.
+//! The log's state machine (the log writer thread, `crate::writer`, only writes records).
 //!
 //! Segments move `Free → Open → Sealed → Free`: a segment use starts with a header (synced
 //! before the first record of a run, see [`Log::start_segment`]), takes reservations in log
@@ -399,6 +399,15 @@ impl Log {
         }
         self.drop_pending(&loc);
         self.written.notify_all();
+    }
+
+    /// Waits until no reserved record is on its way to the device any more (or the log is
+    /// poisoned: then nothing more will be written).
+    pub(crate) fn wait_idle(&self) {
+        let mut state = self.lock();
+        while state.open.as_ref().is_some_and(|o| !o.in_flight.is_empty()) && state.poisoned.is_none() {
+            state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// Waits until every record up to `end` has been written.
