@@ -67,15 +67,7 @@ impl Store {
             Some(entry) => parts.read_content(&entry, opts, || lookup().is_some_and(|e| e == entry))?,
             None => None,
         };
-        let block = match frame {
-            Some(frame) => {
-                parts.hit(namespace, key, &frame.meta);
-                parts.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b)
-            }
-            None => None,
-        };
-        parts.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
-        Ok(block)
+        parts.finish_get(namespace, key, frame, opts)
     }
 
     /// A get that never waits for the device, for callers that must not block (an async server
@@ -232,6 +224,26 @@ impl Store {
 }
 
 impl Parts {
+    /// The end of a get of `key`: placement told of the block found, the block decoded, the get
+    /// counted.
+    pub(super) fn finish_get(
+        &self,
+        namespace: &str,
+        key: &str,
+        frame: Option<Block>,
+        opts: ReadOptions,
+    ) -> Result<Option<Block>> {
+        let block = match frame {
+            Some(frame) => {
+                self.hit(namespace, key, &frame.meta);
+                self.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b)
+            }
+            None => None,
+        };
+        self.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
+        Ok(block)
+    }
+
     /// Tells placement a get found `key`'s block.
     pub(super) fn hit(&self, namespace: &str, key: &str, meta: &BlockMeta) {
         let policy = self.policies.get(namespace);

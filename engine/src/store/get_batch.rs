@@ -9,7 +9,6 @@ use std::time::Instant;
 use kvhoard_format::record::{validate_key, validate_namespace};
 use kvhoard_format::UNIT_BYTES;
 
-use super::decode::Dropped;
 use super::Store;
 use crate::block::{Block, Bytes};
 use crate::buffer::PooledBuf;
@@ -109,17 +108,7 @@ impl Store {
         opts: ReadOptions,
     ) -> Result<Vec<Option<Block>>> {
         let parts = &self.parts;
-        let decode = |key: &str, frame: Option<Block>| -> Result<Option<Block>> {
-            let block = match frame {
-                Some(frame) => {
-                    parts.hit(namespace, key, &frame.meta);
-                    parts.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b)
-                }
-                None => None,
-            };
-            parts.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
-            Ok(block)
-        };
+        let decode = |key: &str, frame: Option<Block>| parts.finish_get(namespace, key, frame, opts);
         let coded = frames.iter().flatten().filter(|f| !f.meta.compression.is_none()).count();
         let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(coded);
         if workers < 2 {
