@@ -1,9 +1,11 @@
 //! io_uring's write queue: the log writer's writes, many in flight on a ring of its own.
 //!
 //! One thread owns the queue and submits from it alone. A write of several parts is one
-//! `writev`. While the writer waits for completions, a read of an eventfd is in flight beside
+//! `writev`. While the writer waits for completions, a poll of an eventfd is in flight beside
 //! them, so that a thread handing it new work can wake it by writing to the eventfd instead of
-//! waiting for a write to finish.
+//! waiting for a write to finish. A poll, not a read: a read of an eventfd may be handed to a
+//! kernel worker thread (a blocking one) or complete at once with EAGAIN on some kernels (a
+//! non-blocking one); a poll does neither, and the counter is then drained with a plain read.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -33,8 +35,8 @@ pub(super) struct UringQueue<'a> {
     _file: &'a File,
     flights: HashMap<u64, Flight>,
     wake: Arc<OwnedFd>,
-    /// Where the eventfd read puts the counter; boxed so its address is stable.
-    wake_buf: Box<u64>,
+    /// Where draining the eventfd puts its counter.
+    wake_buf: u64,
     wake_armed: bool,
 }
 
@@ -49,18 +51,15 @@ impl<'a> UringQueue<'a> {
         let entries = depth.clamp(1, 4095).saturating_add(1).next_power_of_two();
         let ring = IoUring::new(entries)?;
         ring.submitter().register_files(&[file.as_raw_fd()])?;
-        // Blocking: some kernels complete an io_uring read of a non-blocking file at once with
-        // EAGAIN instead of waiting, which would turn the writer's wait into a busy loop. A write
-        // to it blocks only when the counter is near 2^64, which one wake per send never reaches.
         // SAFETY: eventfd has no memory arguments; a non-negative result is a new descriptor
         // that nothing else owns.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: fd was just created and is owned by nothing else.
         let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-        Ok(UringQueue { ring, _file: file, flights: HashMap::new(), wake, wake_buf: Box::new(0), wake_armed: false })
+        Ok(UringQueue { ring, _file: file, flights: HashMap::new(), wake, wake_buf: 0, wake_armed: false })
     }
 
     /// Puts one entry on the submission queue, flushing it to the kernel first if it is full.
@@ -85,6 +84,10 @@ impl<'a> UringQueue<'a> {
         for (token, result) in cqes {
             if token == WAKE {
                 self.wake_armed = false;
+                // Reset the counter, so that the next poll waits for the next wake.
+                // SAFETY: the descriptor is open (the queue owns it); the buffer is the queue's
+                // 8 bytes. A read of an empty counter fails with EAGAIN, harmlessly.
+                unsafe { libc::read(self.wake.as_raw_fd(), (&raw mut self.wake_buf).cast(), 8) };
                 continue;
             }
             let Some(flight) = self.flights.remove(&token) else { continue };
@@ -128,10 +131,10 @@ impl WriteQueue for UringQueue<'_> {
         self.reap(done);
         if block && done.len() == before && !self.flights.is_empty() {
             if !self.wake_armed {
-                let buf: *mut u64 = &mut *self.wake_buf;
-                let entry = opcode::Read::new(types::Fd(self.wake.as_raw_fd()), buf.cast(), 8).build().user_data(WAKE);
-                // SAFETY: wake_buf and the eventfd live as long as the queue, and drop waits for
-                // this read to complete.
+                let entry =
+                    opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32).build().user_data(WAKE);
+                // SAFETY: the poll names no memory; the eventfd lives as long as the queue, and
+                // drop waits for the poll to complete.
                 self.wake_armed = unsafe { self.push(&entry) }.is_ok();
             }
             // EINTR and other failures of the wait itself: return; the caller polls again.
@@ -158,7 +161,8 @@ impl WriteQueue for UringQueue<'_> {
 
 impl Drop for UringQueue<'_> {
     fn drop(&mut self) {
-        // The kernel may still read the writes' memory and write wake_buf: wait for all of it.
+        // The kernel may still read the writes' memory, and the poll names the eventfd: wait
+        // for all of it.
         let mut done = Vec::new();
         while !self.flights.is_empty() || self.wake_armed {
             if self.wake_armed {
