@@ -56,12 +56,15 @@ pub(crate) struct Parts {
     pub(crate) opts: StoreOptions,
     /// Source of the current time.
     pub(crate) clock: Clock,
+    /// The cores this process may use, asked once at open: the standard library reads the
+    /// cgroup's files each time it is asked, seven reads that a put would otherwise pay.
+    pub(crate) cores: usize,
     /// What opening the volume found and did.
     pub(crate) recovery: RecoveryReport,
     /// Set by `close`: later reads fail instead of reading a volume another process may own.
     pub(crate) closed: AtomicBool,
     /// Where reserved records wait for the log writer.
-    pub(crate) writer: Arc<crate::writer::Handoff>,
+    pub(crate) handoff: Arc<crate::writer::Handoff>,
     /// The volume's exclusive lock; released by `close`, so the volume can be opened again by
     /// this or another process while this handle is still alive.
     pub(crate) lock: Mutex<Option<File>>,
@@ -71,7 +74,7 @@ impl Drop for Parts {
     /// Ends the log writer (after what it was handed) however the parts go: a store closed, a
     /// panicking drop, or an open that failed after the writer started.
     fn drop(&mut self) {
-        self.writer.close();
+        self.handoff.close();
     }
 }
 

@@ -61,6 +61,11 @@ impl Superblock {
         self.data_offset + u64::from(index) * self.segment_size_bytes
     }
 
+    /// Byte offset of unit `unit` of segment `segment`: where a record at that location starts.
+    pub fn unit_offset(&self, segment: u32, unit: u32) -> u64 {
+        self.segment_offset(segment) + u64::from(unit) * UNIT_BYTES
+    }
+
     /// Units (4 KiB) per segment.
     pub fn segment_units(&self) -> u32 {
         // validate() bounds segment_size_bytes below 2^32, so this cannot truncate.

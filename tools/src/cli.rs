@@ -34,12 +34,12 @@ pub struct Cli {
     /// Bytes of records the log writer keeps in flight to the device, and lets wait for it,
     /// before a put waits [default: 64MiB, sized for NVMe]. Lower it to bound memory; a disk
     /// that needs a deeper queue to reach its speed needs more.
-    #[arg(long, global = true, value_parser = crate::size::parse_size, value_name = "SIZE")]
+    #[arg(long, global = true, value_parser = crate::flags::parse_write_in_flight, value_name = "SIZE")]
     pub write_in_flight: Option<u64>,
 
     /// The largest single write the log writer makes: records that follow one another are
     /// joined up to this size, and larger records split into writes of it [default: 2MiB].
-    #[arg(long, global = true, value_parser = crate::size::parse_size, value_name = "SIZE")]
+    #[arg(long, global = true, value_parser = crate::flags::parse_write_size, value_name = "SIZE")]
     pub write_size: Option<u64>,
 
     #[command(subcommand)]

@@ -12,6 +12,28 @@ pub fn parse_backend(s: &str) -> Result<IoBackend, String> {
     s.parse()
 }
 
+/// `--write-in-flight`: at least one unit, so the writer can take a record at all.
+pub fn parse_write_in_flight(s: &str) -> Result<u64, String> {
+    let bytes = crate::size::parse_size(s)?;
+    let unit = kvhoard_engine::format::UNIT_BYTES;
+    if bytes < unit {
+        return Err(format!(
+            "{s:?} is too small: the writer needs at least {unit} bytes (one unit) in flight; the default is 64MiB"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// `--write-size`: at least one unit (writes are whole units) and at most what one write can be.
+pub fn parse_write_size(s: &str) -> Result<u64, String> {
+    let bytes = crate::size::parse_size(s)?;
+    let (unit, max) = (kvhoard_engine::format::UNIT_BYTES, kvhoard_engine::WriterConfig::MAX_REQUEST_BYTES as u64);
+    if !(unit..=max).contains(&bytes) {
+        return Err(format!("{s:?} is out of range: a write is between {unit} bytes (one unit) and {max} bytes (1GiB); the default is 2MiB"));
+    }
+    Ok(bytes)
+}
+
 /// A codec spec (`lossless`, `quant:bits=4`, `drop-knorm:keep=0.5+quant`, `raw`).
 pub fn parse_codec(s: &str) -> Result<kvhoard_engine::CodecSpec, String> {
     kvhoard_engine::CodecSpec::parse(s).map_err(|e| e.to_string())

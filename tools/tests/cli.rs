@@ -85,6 +85,20 @@ fn errors_are_plain_words_with_a_way_forward() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2"), "{}", String::from_utf8_lossy(&out.stderr));
     // The failed init left nothing behind: a corrected one succeeds.
     ok(&["init", p(&dir.path().join("v")), "--capacity", "16MiB", "--segment-size", "2MiB"]);
+    // The writer's limits are refused when it could not work with them, not quietly raised.
+    for (flag, value, says) in [
+        ("--write-in-flight", "0", "at least 4096 bytes"),
+        ("--write-size", "100", "between 4096"),
+        ("--write-size", "2GiB", "1GiB"),
+    ] {
+        let out = kvhoard(&["stat", p(&dir.path().join("v")), flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+    assert!(
+        ok(&["stat", p(&dir.path().join("v")), "--write-in-flight", "4KiB", "--write-size", "4KiB"]).contains("keys")
+    );
 }
 
 #[test]

@@ -76,7 +76,7 @@ impl VolumeView {
 
     /// Byte offset of a record on the volume.
     pub fn offset(&self, loc: Loc) -> u64 {
-        self.scan.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES
+        self.scan.sb.unit_offset(loc.segment, loc.unit)
     }
 
     /// Live bytes (records that a key reaches) per segment.

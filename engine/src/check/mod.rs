@@ -197,7 +197,7 @@ fn superblock_problems(scan: &VolumeScan, r: &mut Report) {
 }
 
 fn record_offset(scan: &VolumeScan, seg: u32, unit: u32) -> u64 {
-    scan.sb.segment_offset(seg) + u64::from(unit) * UNIT_BYTES
+    scan.sb.unit_offset(seg, unit)
 }
 
 fn segment_problems(scan: &VolumeScan, seg: &SegmentScan, r: &mut Report) {

@@ -46,16 +46,15 @@ pub(crate) fn read_summary(
     seq: u64,
 ) -> Result<SummaryRead, DeviceError> {
     let units = sb.segment_units();
-    let base = sb.segment_offset(index);
     let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
-    dev.read_at(&mut unit, base + u64::from(units - 1) * UNIT_BYTES)?;
+    dev.read_at(&mut unit, sb.unit_offset(index, units - 1))?;
     let trailer = match SummaryTrailer::decode(&unit, units) {
         Ok(t) if t.seq == seq && t.segment_index == index => t,
         Ok(_) | Err(FormatError::BadMagic { .. }) => return Ok(Err(None)),
         Err(e) => return Ok(Err(Some(e.to_string()))),
     };
     let mut buf = AlignedBuf::zeroed(trailer.summary_bytes as usize);
-    dev.read_at(&mut buf, base + u64::from(trailer.summary_unit) * UNIT_BYTES)?;
+    dev.read_at(&mut buf, sb.unit_offset(index, trailer.summary_unit))?;
     let bytes = buf.get(..trailer.summary_bytes as usize).unwrap_or_default();
     match summary::decode(bytes, trailer.record_count, trailer.summary_crc) {
         Ok(entries) if entries.iter().all(|e| e.header.segment_seq == seq) => Ok(Ok((entries, trailer.end_unit))),

@@ -18,13 +18,12 @@ pub fn write_seal(
     summary: &[u8],
     record_count: u32,
 ) -> Result<(), DeviceError> {
-    let base = sb.segment_offset(index);
     if !summary.is_empty() {
         let mut buf = AlignedBuf::zeroed(summary.len());
         if let Some(dst) = buf.get_mut(..summary.len()) {
             dst.copy_from_slice(summary);
         }
-        dev.write_at(&buf, base + u64::from(end_unit) * UNIT_BYTES)?;
+        dev.write_at(&buf, sb.unit_offset(index, end_unit))?;
     }
     let trailer = SummaryTrailer {
         segment_index: index,
@@ -37,5 +36,5 @@ pub fn write_seal(
     };
     let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
     unit.copy_from_slice(&trailer.encode());
-    dev.write_at(&unit, base + u64::from(sb.segment_units() - 1) * UNIT_BYTES)
+    dev.write_at(&unit, sb.unit_offset(index, sb.segment_units() - 1))
 }

@@ -284,7 +284,7 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     };
     let units = (r.header.record_bytes() / UNIT_BYTES) as usize;
     let mut read = parts.pool.get(units * UNIT_BYTES as usize);
-    let offset = parts.log.sb.segment_offset(victim) + u64::from(loc.unit) * UNIT_BYTES;
+    let offset = parts.log.sb.unit_offset(victim, loc.unit);
     parts.log.dev.read_at(&mut read, offset)?;
     let on_disk = RecordHeader::decode(&read);
     if !on_disk.as_ref().is_ok_and(|h| header_fp(h) == r.content) || check_payload(&r.header, &read).is_err() {

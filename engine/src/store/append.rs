@@ -113,7 +113,7 @@ impl Store {
             chunk.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec, false)).collect()
         };
         let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let cores = parts.cores;
         let workers = cores.min(items.len());
         if workers < 2 || bytes < PARALLEL_MIN_BYTES {
             // One large block to compress: hashing it runs beside the codec.
@@ -217,7 +217,7 @@ impl Parts {
     /// The header of the record at `loc` (one unit read), if it decodes.
     pub(crate) fn header_at(&self, loc: Loc) -> Result<Option<RecordHeader>> {
         let mut buf = self.pool.get(UNIT_BYTES as usize);
-        let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+        let offset = self.log.sb.unit_offset(loc.segment, loc.unit);
         self.log.dev.read_at(&mut buf, offset)?;
         Ok(RecordHeader::decode(&buf).ok())
     }

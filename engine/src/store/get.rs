@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
@@ -297,7 +297,7 @@ impl Parts {
     ) -> Result<std::result::Result<RecordHeader, kvhoard_format::FormatError>> {
         let unit = UNIT_BYTES as usize;
         let loc = entry.record;
-        let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+        let offset = self.log.sb.unit_offset(loc.segment, loc.unit);
         let mut buf = self.pool.get(unit);
         self.log.dev.read_at(&mut buf, offset)?;
         Ok(match RecordHeader::peek_len(&buf) {
@@ -333,7 +333,7 @@ impl Parts {
         }
         let loc = entry.record;
         let started = Instant::now();
-        let offset = self.log.sb.segment_offset(loc.segment) + u64::from(loc.unit) * UNIT_BYTES;
+        let offset = self.log.sb.unit_offset(loc.segment, loc.unit);
         let payload_at = offset + (header_units * unit) as u64;
         let (body_len, tail_len) = (raw / unit * unit, raw % unit);
         let mut header_buf = self.pool.get(header_units * unit);
@@ -394,12 +394,12 @@ impl Parts {
                 Bytes::Owned(buf)
             }
         };
-        self.checked(entry, bytes, started, opts, still_current)
+        self.checked(entry, bytes, started.elapsed(), opts, still_current)
     }
 
     /// Where `entry`'s record starts on the device.
     pub(super) fn record_offset(&self, entry: &ContentEntry) -> u64 {
-        self.log.sb.segment_offset(entry.record.segment) + u64::from(entry.record.unit) * UNIT_BYTES
+        self.log.sb.unit_offset(entry.record.segment, entry.record.unit)
     }
 
     /// Checks the bytes of `entry`'s record, read since `started` (or still pending), and makes
@@ -408,7 +408,7 @@ impl Parts {
         &self,
         entry: &ContentEntry,
         bytes: Bytes,
-        started: Instant,
+        load_time: Duration,
         opts: ReadOptions,
         still_current: impl Fn() -> bool,
     ) -> Result<Option<Block>> {
@@ -428,7 +428,7 @@ impl Parts {
                 let len = header.stored_len as usize;
                 self.tiers.ssd.hits.fetch_add(1, Ordering::Relaxed);
                 self.tiers.ssd.hit_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                self.tiers.ssd_latency.record(hint, started.elapsed());
+                self.tiers.ssd_latency.record(hint, load_time);
                 Ok(Some(Block::new(bytes, start, len, BlockMeta::of(header, loc))))
             }
             Err(_) if !still_current() => {

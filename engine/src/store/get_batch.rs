@@ -4,7 +4,7 @@
 //! queue depth does, instead of one read per thread at a time.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvhoard_format::record::{validate_key, validate_namespace};
 use kvhoard_format::UNIT_BYTES;
@@ -42,21 +42,27 @@ impl Store {
         let entries: Vec<Option<ContentEntry>> =
             keys.iter().map(|k| parts.live_content(&key_fp(namespace, k))).collect();
         let mut frames: Vec<Option<Block>> = Vec::with_capacity(keys.len());
+        // Whether the DRAM tier has already said no to the first key of the next round (the one
+        // that did not fit the last round): asked again, its miss would count twice.
+        let mut first_not_in_dram = false;
         while frames.len() < keys.len() {
             let first = frames.len();
             let mut sources = Vec::new();
             let mut reads: Vec<(PooledBuf, u64)> = Vec::new();
             let mut round = 0usize;
-            for entry in entries.get(first..).unwrap_or_default() {
+            let skip_dram = std::mem::take(&mut first_not_in_dram);
+            for (i, entry) in entries.get(first..).unwrap_or_default().iter().enumerate() {
+                let ask_dram = !(i == 0 && skip_dram);
                 let source = match entry {
                     None => Source::Done(None),
-                    Some(e) => match parts.dram_hit(e, opts) {
+                    Some(e) => match ask_dram.then(|| parts.dram_hit(e, opts)).flatten() {
                         Some(block) => Source::Done(Some(block)),
                         None => match parts.log.pending_record(&e.record) {
                             Some(buf) => Source::Pending(Bytes::Shared(buf)),
                             None => {
                                 let len = e.units as usize * UNIT_BYTES as usize;
                                 if round > 0 && round + len > ROUND_BYTES {
+                                    first_not_in_dram = true;
                                     break;
                                 }
                                 round += len;
@@ -68,31 +74,34 @@ impl Store {
                 };
                 sources.push(source);
             }
+            // Every record of the round arrives when the round's reads are done: that is the
+            // load time of each (a pending record's is the time to find it, none to speak of).
             let started = Instant::now();
             {
                 let mut all: Vec<(&mut [u8], u64)> = reads.iter_mut().map(|(b, at)| (&mut b[..], *at)).collect();
                 parts.log.dev.read_many(&mut all)?;
             }
+            let read_time = started.elapsed();
             let mut bufs: Vec<Option<PooledBuf>> = reads.into_iter().map(|(b, _)| Some(b)).collect();
             for (i, source) in sources.into_iter().enumerate() {
                 let (Some(key), Some(entry)) = (keys.get(first + i), entries.get(first + i)) else {
                     return Err(StoreError::invalid("get_batch", "a read without a key"));
                 };
-                let bytes = match source {
+                let (bytes, load_time) = match source {
                     Source::Done(block) => {
                         frames.push(block);
                         continue;
                     }
-                    Source::Pending(bytes) => bytes,
+                    Source::Pending(bytes) => (bytes, Duration::ZERO),
                     Source::Read(r) => match bufs.get_mut(r).and_then(Option::take) {
-                        Some(buf) => Bytes::Owned(buf),
+                        Some(buf) => (Bytes::Owned(buf), read_time),
                         None => return Err(StoreError::invalid("get_batch", "a read of the batch went missing")),
                     },
                 };
                 let Some(entry) = entry else { return Err(StoreError::invalid("get_batch", "a read without a key")) };
                 let kfp = key_fp(namespace, key);
                 let current = || parts.live_content(&kfp).is_some_and(|e| e == *entry);
-                frames.push(parts.checked(entry, bytes, started, opts, current)?);
+                frames.push(parts.checked(entry, bytes, load_time, opts, current)?);
             }
         }
         self.decode_all(namespace, keys, frames, opts)
@@ -110,7 +119,7 @@ impl Store {
         let parts = &self.parts;
         let decode = |key: &str, frame: Option<Block>| parts.finish_get(namespace, key, frame, opts);
         let coded = frames.iter().flatten().filter(|f| !f.meta.compression.is_none()).count();
-        let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(coded);
+        let workers = parts.cores.min(coded);
         if workers < 2 {
             return keys.iter().zip(frames).map(|(k, f)| decode(k, f)).collect();
         }

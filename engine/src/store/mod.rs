@@ -59,7 +59,8 @@ use crate::volume::{self, VolumePaths};
 #[derive(Debug)]
 pub struct Store {
     parts: Arc<Parts>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    /// The log writer's thread.
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
     checkpointer: Mutex<Option<JoinHandle<()>>>,
     /// The background cleaner, when placement cleans.
     cleaner: Mutex<Option<(Arc<CleanerControl>, JoinHandle<()>)>>,
@@ -198,9 +199,10 @@ impl Store {
             ttls: Arc::default(),
             metrics: Metrics::default(),
             clock: opts.clock.clone(),
+            cores: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
             recovery: recovered.report,
             closed: AtomicBool::new(false),
-            writer: Arc::new(crate::writer::Handoff::new(opts.writer.in_flight_bytes)),
+            handoff: Arc::new(crate::writer::Handoff::new(opts.writer.in_flight_bytes)),
             lock: Mutex::new(lock),
             opts,
         });
@@ -222,7 +224,7 @@ impl Store {
         let ttl_planner = group_ttl::spawn(Arc::downgrade(&parts.ttls), parts.clock.clone(), Arc::clone(&stopper))?;
         let store = Store {
             parts,
-            writer: Mutex::new(Some(writer)),
+            writer_thread: Mutex::new(Some(writer)),
             checkpointer: Mutex::new(Some(checkpointer)),
             cleaner: Mutex::new(cleaner),
             ttl_planner: Mutex::new(Some((stopper, ttl_planner))),
@@ -361,8 +363,8 @@ impl Store {
     }
 
     fn stop_writer(&self) {
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
-        self.parts.writer.close();
+        let writer = self.writer_thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.parts.handoff.close();
         if let Some(handle) = writer {
             if handle.join().is_err() {
                 tracing::error!("the log writer thread panicked");
@@ -379,7 +381,7 @@ impl Drop for Store {
             // it is writing (it holds no strong reference to the store); so does the log writer,
             // after what it was handed.
             self.parts.checkpoints.stop_background();
-            self.parts.writer.close();
+            self.parts.handoff.close();
             return;
         }
         if let Err(e) = self.close() {

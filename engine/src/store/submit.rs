@@ -15,7 +15,7 @@ use crate::writer::WriteJob;
 
 /// Starts the log writer of a store's parts.
 pub(super) fn spawn_writer(parts: &Arc<Parts>) -> Result<std::thread::JoinHandle<()>> {
-    let handoff = Arc::clone(&parts.writer);
+    let handoff = Arc::clone(&parts.handoff);
     let log = Arc::clone(&parts.log);
     // A failed write's key leaves the index. Weak: the writer must not keep the parts (and the
     // volume's lock) alive; dropping them closes the handoff, which ends the writer.
@@ -53,7 +53,7 @@ impl Parts {
     /// never be written: they fail as a failed write does (out of the index, the log poisoned,
     /// no longer in flight), so that nothing waits for them forever and close reports it.
     fn hand_over(&self, jobs: Vec<WriteJob>) -> Result<()> {
-        let Err((error, jobs)) = self.writer.send(jobs) else { return Ok(()) };
+        let Err((error, jobs)) = self.handoff.send(jobs) else { return Ok(()) };
         for job in &jobs {
             let never = DeviceError::Io {
                 op: "write",

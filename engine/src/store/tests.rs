@@ -251,7 +251,7 @@ fn a_flipped_payload_bit_is_a_counted_miss_not_garbage() {
         let s2 = Store::open_on(Arc::new(MemDevice::from_image(image.clone())), StoreOptions::default()).unwrap();
         let b = s2.get("default", "a", ReadOptions::default()).unwrap().unwrap();
         let sb = s2.superblock().clone();
-        sb.segment_offset(b.meta.location.segment) + u64::from(b.meta.location.unit) * 4096
+        sb.unit_offset(b.meta.location.segment, b.meta.location.unit)
     };
     image[(meta_unit + 4096 + 100) as usize] ^= 1;
     let s3 = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap();
@@ -281,7 +281,7 @@ fn a_failed_write_is_not_acknowledged_and_poisons_writes_until_reopen() {
 fn records_handed_to_a_stopped_writer_fail_and_close_does_not_hang() {
     let (dev, s) = mem_store(8);
     s.put("default", "before", b"ok", &synced()).unwrap();
-    s.parts.writer.close();
+    s.parts.handoff.close();
     let err = s.put("default", "racing", &block(4, 9000), &synced()).unwrap_err();
     assert!(matches!(err, StoreError::Closed), "{err:?}");
     assert!(get(&s, "racing").is_none());
@@ -308,7 +308,7 @@ fn get_batch_reads_every_record_in_rounds_and_checks_each() {
     let at = {
         let s2 = Store::open_on(Arc::new(MemDevice::from_image(image.clone())), StoreOptions::default()).unwrap();
         let b = s2.get("default", "damaged", ReadOptions::default()).unwrap().unwrap();
-        s2.superblock().segment_offset(b.meta.location.segment) + u64::from(b.meta.location.unit) * 4096
+        s2.superblock().unit_offset(b.meta.location.segment, b.meta.location.unit)
     };
     image[(at + 4096 + 10) as usize] ^= 1;
     let s = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap();
@@ -327,6 +327,24 @@ fn get_batch_reads_every_record_in_rounds_and_checks_each() {
     assert!(got[82].is_none(), "a damaged record is a miss");
     assert_eq!(s.stats().read_errors, 1);
     assert_eq!(got[83].as_ref().unwrap().to_vec(), block(9, 5000), "a buffered put, written or not");
+}
+
+#[test]
+fn get_batch_asks_each_tier_once_per_key_across_rounds() {
+    // 300 KB of DRAM holds none of these 900 KB records: every key is a DRAM miss, read from
+    // the log, and the key that opens the second round is asked once, not again.
+    let (_dev, s) = dram_store(100, 300_000);
+    let big: Vec<Vec<u8>> = (0..80).map(|i| block(300 + i, 900_000)).collect();
+    for (i, b) in big.iter().enumerate() {
+        s.put("default", &format!("big{i}"), b, &synced()).unwrap();
+    }
+    let keys: Vec<String> = (0..80).map(|i| format!("big{i}")).collect();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let got = s.get_batch("default", &names, ReadOptions::default()).unwrap();
+    assert!(got.iter().zip(&big).all(|(g, b)| g.as_ref().map(|g| g.to_vec()).as_ref() == Some(b)));
+    let (dram, ssd) = (tier(&s, "dram"), tier(&s, "ssd"));
+    assert_eq!((dram.hits, dram.misses), (0, 80));
+    assert_eq!((ssd.hits, ssd.load_latency.count), (80, 80));
 }
 
 /// Puts racing close from other threads: each one completes or fails as closed, close itself
@@ -623,7 +641,7 @@ fn reused_buffers_never_write_stale_bytes_into_record_padding() {
     }
     s.put("default", "small", &[7u8; 100], &synced()).unwrap();
     let meta = s.get("default", "small", ReadOptions::default()).unwrap().unwrap().meta;
-    let start = (s.superblock().segment_offset(meta.location.segment) + u64::from(meta.location.unit) * 4096) as usize;
+    let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit) as usize;
     let image = dev.image();
     let header = kvhoard_format::record::RecordHeader::decode(&image[start..]).unwrap();
     let payload = start + header.payload_offset() as usize;
@@ -810,7 +828,7 @@ fn a_damaged_block_read_directly_is_a_counted_miss_not_garbage() {
         s.put("default", "a", &block(1, len), &synced()).unwrap();
         let record = {
             let b = s.get("default", "a", ReadOptions::default()).unwrap().unwrap();
-            s.superblock().segment_offset(b.meta.location.segment) + u64::from(b.meta.location.unit) * 4096
+            s.superblock().unit_offset(b.meta.location.segment, b.meta.location.unit)
         };
         s.close().unwrap();
         let mut image = dev.image();

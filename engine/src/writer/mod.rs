@@ -38,6 +38,11 @@ pub struct WriterConfig {
     pub request_bytes: usize,
 }
 
+impl WriterConfig {
+    /// The largest write, whatever `request_bytes` says: its length must fit the kernel's.
+    pub const MAX_REQUEST_BYTES: usize = 1 << 30;
+}
+
 impl Default for WriterConfig {
     /// Sized for NVMe: 32 writes of 2 MiB in flight, what fio needs to reach such a disk's
     /// sequential write speed (docs/benchmarks.md).
@@ -51,9 +56,6 @@ const MAX_WRITES_IN_FLIGHT: usize = 256;
 
 /// Records in one write at most (an iovec each).
 const MAX_RECORDS_PER_WRITE: usize = 64;
-
-/// The largest write, whatever `request_bytes` says: its length must fit the kernel's.
-const MAX_REQUEST_BYTES: usize = 1 << 30;
 
 /// A reserved record on its way to the device.
 #[derive(Debug)]

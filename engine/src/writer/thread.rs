@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::handoff::Handoff;
-use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_REQUEST_BYTES, MAX_WRITES_IN_FLIGHT};
+use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_WRITES_IN_FLIGHT};
 use crate::device::{DeviceError, Immediate, WriteQueue};
 use crate::error::Result;
 use crate::log::Log;
@@ -126,7 +126,7 @@ impl Flights {
         // Pieces of a split record must stay unit-aligned for O_DIRECT, and a write's length
         // must fit the kernel's (a u32, and at most about 2 GiB at once).
         let unit = kvhoard_format::UNIT_BYTES as usize;
-        let max = (config.request_bytes.min(MAX_REQUEST_BYTES) / unit).max(1) * unit;
+        let max = (config.request_bytes.min(WriterConfig::MAX_REQUEST_BYTES) / unit).max(1) * unit;
         let out = &mut self.queued;
         let mut tail: Option<(u32, u32)> = None; // (segment, unit) right after the last request
         for job in jobs {
@@ -134,7 +134,7 @@ impl Flights {
             let id = self.next_record;
             self.next_record += 1;
             let len = job.buf.len();
-            let offset = log.sb.segment_offset(job.loc.segment) + u64::from(job.loc.unit) * kvhoard_format::UNIT_BYTES;
+            let offset = log.sb.unit_offset(job.loc.segment, job.loc.unit);
             let follows = tail == Some((job.loc.segment, job.loc.unit));
             let joined = match out.back_mut() {
                 Some(last) if follows && last.bytes + len <= max && last.parts.len() < MAX_RECORDS_PER_WRITE => {
