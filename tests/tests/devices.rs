@@ -43,6 +43,22 @@ fn large_requests_are_split_and_reassembled_in_order() {
     let (middle, tail) = rest.split_at_mut(500 * 1024);
     dev.read_many(&mut [(tail, 4096 + 4096 + 500 * 1024), (head, 4096), (middle, 8192)]).unwrap();
     assert!(r[..] == w[..]);
+    // The same, each read told as soon as all its chunks are in, with exactly its bytes.
+    let mut r = AlignedBuf::zeroed(800 * 1024);
+    let (head, rest) = r.split_at_mut(4096);
+    let (middle, tail) = rest.split_at_mut(500 * 1024);
+    let mut told = Vec::new();
+    dev.read_many_each(&mut [(tail, 4096 + 4096 + 500 * 1024), (head, 4096), (middle, 8192)], &mut |i, bytes| {
+        told.push((i, bytes.len(), blake3::hash(bytes)))
+    })
+    .unwrap();
+    told.sort_by_key(|t| t.0);
+    let expect = [&w[4096 + 500 * 1024..], &w[..4096], &w[4096..4096 + 500 * 1024]];
+    assert_eq!(told.len(), 3);
+    for ((i, len, hash), want) in told.into_iter().zip(expect) {
+        assert_eq!((len, hash), (want.len(), blake3::hash(want)), "read {i}");
+    }
+    assert!(r[..] == w[..]);
 }
 
 #[test]

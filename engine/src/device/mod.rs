@@ -90,6 +90,19 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<(), DeviceError> {
         reads.iter_mut().try_for_each(|(buf, offset)| self.read_at(buf, *offset))
     }
+    /// `read_many` that calls `done(i, bytes)` once for each read as soon as it is complete, on
+    /// this thread, in any order: a backend that keeps reads in flight (io_uring) calls it while
+    /// later reads are still in flight, so the caller's work on a finished read (checking it)
+    /// overlaps the device's. After an error `done` is not called again.
+    fn read_many_each(
+        &self,
+        reads: &mut [(&mut [u8], u64)],
+        done: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), DeviceError> {
+        self.read_many(reads)?;
+        reads.iter().enumerate().for_each(|(i, (buf, _))| done(i, buf));
+        Ok(())
+    }
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
     /// Makes every completed write durable (fdatasync).
@@ -262,5 +275,17 @@ pub mod conformance {
         for (i, chunk) in all.chunks(unit as usize).enumerate() {
             assert!(chunk.iter().all(|&b| b == 0x40 + i as u8), "unit {i} of the queued writes");
         }
+        // read_many_each tells each read once, with the bytes its buffer then holds.
+        let (mut a, mut b) = (AlignedBuf::zeroed(3 * unit as usize), AlignedBuf::zeroed(unit as usize));
+        let mut told = Vec::new();
+        dev.read_many_each(&mut [(&mut a, unit), (&mut b, 0)], &mut |i, bytes| told.push((i, bytes.to_vec()))).unwrap();
+        told.sort();
+        assert_eq!(told.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
+        assert!(told[0].1 == all[unit as usize..] && told[0].1 == a[..]);
+        assert!(told[1].1 == all[..unit as usize] && told[1].1 == b[..]);
+        assert!(matches!(
+            dev.read_many_each(&mut [(&mut a, end)], &mut |_, _| panic!("told of a failed read")),
+            Err(DeviceError::OutOfRange { .. })
+        ));
     }
 }

@@ -15,6 +15,7 @@ use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, Rec
 use kvhoard_format::UNIT_BYTES;
 
 use super::decode::Dropped;
+use super::direct::PayloadSums;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::codec::stored_codec;
@@ -26,19 +27,6 @@ use crate::parts::Parts;
 use crate::placement::group_ttl::Access;
 use crate::placement::{context_of, BlockInfo};
 use crate::tier::DramRead;
-
-/// Blocks at least this large are read by `get_into` straight into an aligned caller buffer.
-/// Below it, one device read into an engine buffer and a copy cost less than the two or three
-/// reads (header, payload, last partial unit) of a direct read.
-pub const DIRECT_READ_MIN_BYTES: usize = 128 << 10;
-
-/// The outcome of [`Parts::read_direct`].
-enum Direct {
-    /// The block is in the caller's buffer: its description and length.
-    Read(BlockMeta, usize),
-    /// Not read this way; read it through an engine buffer.
-    Unsuitable,
-}
 
 /// What [`Store::get_resident`] found.
 #[derive(Debug)]
@@ -153,17 +141,34 @@ impl Store {
         self.parts.ensure_open()?;
         let parts = &self.parts;
         if let Some(entry) = parts.live_content(&key_fp(namespace, key)) {
-            if let Direct::Read(meta, len) = parts.read_direct(&entry, buf, opts)? {
-                parts.hit(namespace, key, &meta);
-                parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
-                parts.metrics.direct_reads.fetch_add(1, Ordering::Relaxed);
-                parts.metrics.count_get(Some(len as u64));
-                return Ok(Some((meta, len)));
+            if let Some(mut plan) = parts.plan_direct(&entry, buf) {
+                let started = Instant::now();
+                parts.log.dev.read_many(&mut plan.reads(buf))?;
+                let load_time = started.elapsed();
+                let sums = PayloadSums::of(plan.body(buf), opts.verify_hash);
+                if let Some((meta, len)) = parts.finish_direct(&entry, plan, buf, sums, opts, load_time) {
+                    parts.direct_hit(namespace, key, &meta, len);
+                    return Ok(Some((meta, len)));
+                }
             }
         }
         // Small, cached, pending, unaligned, compressed, or not what the index said (a race with
         // reclaim, or damage, which `get` tells apart): through an engine buffer.
-        let Some(frame) = self.get_frame(namespace, key, opts)? else {
+        let frame = self.get_frame(namespace, key, opts)?;
+        self.frame_into(key, frame, buf, opts)
+    }
+
+    /// The end of a `get_into` that did not read straight into `buf`: the block found (its hit
+    /// already told), or none, decoded or copied into `buf`.
+    pub(super) fn frame_into(
+        &self,
+        key: &str,
+        frame: Option<Block>,
+        buf: &mut [u8],
+        opts: ReadOptions,
+    ) -> Result<Option<(BlockMeta, usize)>> {
+        let parts = &self.parts;
+        let Some(frame) = frame else {
             parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
             parts.metrics.count_get(None);
             return Ok(None);
@@ -308,70 +313,6 @@ impl Parts {
             }
             _ => RecordHeader::decode(&buf),
         })
-    }
-
-    /// Reads a raw block on the log straight into `buf`: its header units and its whole payload
-    /// units in one batch of device reads (the payload's last partial unit, if any, through a
-    /// one-unit engine buffer). Anything unexpected is [`Direct::Unsuitable`], and the caller
-    /// reads the record the ordinary way, which tells a race from damage.
-    fn read_direct(&self, entry: &ContentEntry, buf: &mut [u8], opts: ReadOptions) -> Result<Direct> {
-        let unit = UNIT_BYTES as usize;
-        let raw = entry.raw_len as usize;
-        let align = self.log.dev.capabilities().alignment as usize;
-        // The record is header units then payload units; for an uncompressed block the payload
-        // is exactly raw_len bytes, so the header's units follow from the entry.
-        let header_units = (entry.units as usize).checked_sub(raw.div_ceil(unit)).filter(|&h| h >= 1);
-        let Some(header_units) = header_units else { return Ok(Direct::Unsuitable) };
-        if self.tiers.dram.is_some()
-            || raw < DIRECT_READ_MIN_BYTES
-            || buf.len() < raw
-            || !(buf.as_ptr() as usize).is_multiple_of(align)
-            || !unit.is_multiple_of(align)
-            || self.log.is_pending(&entry.record)
-        {
-            return Ok(Direct::Unsuitable);
-        }
-        let loc = entry.record;
-        let started = Instant::now();
-        let offset = self.log.sb.unit_offset(loc.segment, loc.unit);
-        let payload_at = offset + (header_units * unit) as u64;
-        let (body_len, tail_len) = (raw / unit * unit, raw % unit);
-        let mut header_buf = self.pool.get(header_units * unit);
-        let mut tail_buf = (tail_len > 0).then(|| self.pool.get(unit));
-        {
-            let body = buf.get_mut(..body_len).unwrap_or_default();
-            let mut reads: Vec<(&mut [u8], u64)> = vec![(&mut header_buf[..], offset), (body, payload_at)];
-            if let Some(t) = tail_buf.as_mut() {
-                reads.push((&mut t[..], payload_at + body_len as u64));
-            }
-            self.log.dev.read_many(&mut reads)?;
-        }
-        let Ok(header) = RecordHeader::decode(&header_buf) else { return Ok(Direct::Unsuitable) };
-        let tail = tail_buf.as_ref().and_then(|t| t.get(..tail_len)).unwrap_or_default();
-        let body = buf.get(..body_len).unwrap_or_default();
-        if header.kind != RecordKind::Block
-            || header_fp(&header) != entry.fp
-            || !header.compression.is_none()
-            || header.stored_len != raw as u64
-            || header.payload_offset() != (header_units * unit) as u64
-            || crc32c::crc32c_append(crc32c::crc32c(body), tail) != header.payload_crc
-        {
-            return Ok(Direct::Unsuitable);
-        }
-        if opts.verify_hash {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(body).update(tail);
-            if hasher.finalize().as_bytes() != &header.content_hash {
-                return Ok(Direct::Unsuitable);
-            }
-        }
-        if let Some(dst) = buf.get_mut(body_len..raw) {
-            dst.copy_from_slice(tail);
-        }
-        self.tiers.ssd.hits.fetch_add(1, Ordering::Relaxed);
-        self.tiers.ssd.hit_bytes.fetch_add(raw as u64, Ordering::Relaxed);
-        self.tiers.ssd_latency.record(u64::from(entry.fp[0]), started.elapsed());
-        Ok(Direct::Read(BlockMeta::of(header, loc), raw))
     }
 
     /// Reads and checks a block record. `still_current` tells whether the index still points

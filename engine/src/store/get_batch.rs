@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use kvhoard_format::record::{validate_key, validate_namespace};
 use kvhoard_format::UNIT_BYTES;
 
+use super::direct::{DirectPlan, PayloadSums};
 use super::Store;
-use crate::block::{Block, Bytes};
+use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::error::{Result, StoreError};
 use crate::index::{key_fp, ContentEntry};
@@ -37,10 +38,117 @@ impl Store {
         self.parts.ensure_open()?;
         validate_namespace(namespace)?;
         keys.iter().try_for_each(|k| validate_key(k))?;
+        self.parts.metrics.gets.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let entries: Vec<Option<ContentEntry>> =
+            keys.iter().map(|k| self.parts.live_content(&key_fp(namespace, k))).collect();
+        let frames = self.frames(namespace, keys, &entries, opts)?;
+        self.decode_all(namespace, keys, frames, opts)
+    }
+
+    /// Reads many blocks into the caller's buffers, one for each key, as [`Store::get_into`]
+    /// does for one: a miss is `None` in its place. Every large raw block on the log is read
+    /// straight into its aligned buffer, all their reads in flight at once; the others (small,
+    /// compressed, in memory, or not what the index said) are read as `get_batch` reads them,
+    /// all at once too, then decoded or copied into their buffers.
+    pub fn get_batch_into(
+        &self,
+        namespace: &str,
+        keys: &[&str],
+        bufs: &mut [&mut [u8]],
+        opts: ReadOptions,
+    ) -> Result<Vec<Option<(BlockMeta, usize)>>> {
+        self.parts.ensure_open()?;
+        validate_namespace(namespace)?;
+        keys.iter().try_for_each(|k| validate_key(k))?;
+        if bufs.len() != keys.len() {
+            return Err(StoreError::invalid("get_batch_into", "one buffer is needed for each key"));
+        }
         let parts = &self.parts;
-        parts.metrics.gets.fetch_add(keys.len() as u64, Ordering::Relaxed);
         let entries: Vec<Option<ContentEntry>> =
             keys.iter().map(|k| parts.live_content(&key_fp(namespace, k))).collect();
+        let mut plans: Vec<Option<DirectPlan>> = entries
+            .iter()
+            .zip(bufs.iter())
+            .map(|(entry, buf)| entry.as_ref().and_then(|e| parts.plan_direct(e, buf)))
+            .collect();
+        // The payload's sums of each key, taken as its payload arrives while the other reads
+        // are still in flight: the checks overlap the device's work instead of following it.
+        let mut sums: Vec<Option<PayloadSums>> = keys.iter().map(|_| None).collect();
+        let started = Instant::now();
+        {
+            let mut reads = Vec::new();
+            // For each read: its key, and whether it carries the payload's whole units.
+            let mut owners: Vec<(usize, bool)> = Vec::new();
+            for (i, (plan, buf)) in plans.iter_mut().zip(bufs.iter_mut()).enumerate() {
+                if let Some(plan) = plan {
+                    let first = reads.len();
+                    reads.extend(plan.reads(buf));
+                    owners.extend((first..reads.len()).map(|r| (i, r - first == DirectPlan::BODY_READ)));
+                }
+            }
+            let verify = opts.verify_hash;
+            parts.log.dev.read_many_each(&mut reads, &mut |r, bytes| {
+                if let Some(&(key, true)) = owners.get(r) {
+                    if let Some(slot) = sums.get_mut(key) {
+                        *slot = Some(PayloadSums::of(bytes, verify));
+                    }
+                }
+            })?;
+        }
+        let load_time = started.elapsed();
+        let mut got: Vec<Option<(BlockMeta, usize)>> = Vec::with_capacity(keys.len());
+        // The keys not read straight into their buffers: (position, key, entry).
+        let mut rest: Vec<(usize, &str, Option<ContentEntry>)> = Vec::new();
+        let planned = plans.into_iter().zip(sums).zip(entries).zip(bufs.iter_mut());
+        for (i, (((plan, sums), entry), buf)) in planned.enumerate() {
+            let key = keys.get(i).copied().unwrap_or_default();
+            let direct = match (plan, &entry) {
+                (Some(plan), Some(e)) => {
+                    let sums = sums.unwrap_or_else(|| PayloadSums::of(plan.body(buf), opts.verify_hash));
+                    parts.finish_direct(e, plan, buf, sums, opts, load_time)
+                }
+                _ => None,
+            };
+            match direct {
+                Some((meta, len)) => {
+                    parts.direct_hit(namespace, key, &meta, len);
+                    got.push(Some((meta, len)));
+                }
+                None => {
+                    rest.push((i, key, entry));
+                    got.push(None);
+                }
+            }
+        }
+        if rest.is_empty() {
+            return Ok(got);
+        }
+        let rest_keys: Vec<&str> = rest.iter().map(|(_, k, _)| *k).collect();
+        let rest_entries: Vec<Option<ContentEntry>> = rest.iter().map(|(_, _, e)| *e).collect();
+        let frames = self.frames(namespace, &rest_keys, &rest_entries, opts)?;
+        for ((i, key, _), frame) in rest.into_iter().zip(frames) {
+            if let Some(frame) = &frame {
+                parts.hit(namespace, key, &frame.meta);
+            }
+            let (Some(buf), Some(slot)) = (bufs.get_mut(i), got.get_mut(i)) else {
+                return Err(StoreError::invalid("get_batch_into", "a key without its buffer"));
+            };
+            *slot = self.frame_into(key, frame, buf, opts)?;
+        }
+        Ok(got)
+    }
+
+    /// The stored frames of `keys` (whose index entries are `entries`), checked, not decoded: from
+    /// the DRAM tier or a pending buffer when there, else read from the log with every read in
+    /// flight at once, in rounds of at most `ROUND_BYTES`.
+    fn frames(
+        &self,
+        namespace: &str,
+        keys: &[&str],
+        entries: &[Option<ContentEntry>],
+        opts: ReadOptions,
+    ) -> Result<Vec<Option<Block>>> {
+        let parts = &self.parts;
         let mut frames: Vec<Option<Block>> = Vec::with_capacity(keys.len());
         // Whether the DRAM tier has already said no to the first key of the next round (the one
         // that did not fit the last round): asked again, its miss would count twice.
@@ -104,7 +212,7 @@ impl Store {
                 frames.push(parts.checked(entry, bytes, load_time, opts, current)?);
             }
         }
-        self.decode_all(namespace, keys, frames, opts)
+        Ok(frames)
     }
 
     /// Tells placement of each block found and decodes the blocks: on every core when a codec

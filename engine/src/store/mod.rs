@@ -11,6 +11,7 @@
 
 pub(crate) mod append;
 mod decode;
+mod direct;
 mod get;
 mod get_batch;
 mod list;
@@ -22,7 +23,8 @@ pub(crate) mod recode;
 mod stats;
 mod submit;
 
-pub use get::{Resident, DIRECT_READ_MIN_BYTES};
+pub use direct::DIRECT_READ_MIN_BYTES;
+pub use get::Resident;
 pub use list::{ListCursor, ListEntry, ListPage};
 pub use stats::{CodecStats, NamespaceStats, PolicyStats, Stats};
 

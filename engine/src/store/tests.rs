@@ -821,6 +821,73 @@ fn get_into_reads_large_blocks_straight_into_an_aligned_buffer() {
 }
 
 #[test]
+fn get_batch_into_reads_each_key_as_get_into_would() {
+    let (dev, s) = mem_store(16);
+    let unit = 4096;
+    let large: Vec<Vec<u8>> = (0..6).map(|i| block(40 + i, 200_000 + 1000 * i as usize)).collect();
+    for (i, b) in large.iter().enumerate() {
+        s.put("default", &format!("large{i}"), b, &synced()).unwrap();
+    }
+    s.put("default", "small", &block(50, 5000), &synced()).unwrap();
+    s.put("default", "damaged", &block(51, 300_000), &synced()).unwrap();
+    let synth = kvhoard_kernels::synth::Synth::new(2, 64, 2, 64, 5);
+    let kv = synth.generate();
+    let packed =
+        PutOptions { desc: Some(synth.desc.desc()), codec: Some(kvhoard_kernels::CodecSpec::lossless(1)), ..synced() };
+    s.put("default", "packed", &kv, &packed).unwrap();
+    let at = {
+        let b = s.get("default", "damaged", ReadOptions::default()).unwrap().unwrap();
+        s.superblock().unit_offset(b.meta.location.segment, b.meta.location.unit)
+    };
+    s.close().unwrap();
+    let mut image = dev.image();
+    image[(at + 4096 + 50_000) as usize] ^= 0x10;
+    let s = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap();
+    let buffered = PutOptions { durability: Durability::Buffered, ..PutOptions::default() };
+    s.put("default", "pending", &block(52, 250_000), &buffered).unwrap();
+
+    let keys = ["large0", "small", "missing", "large1", "damaged", "packed", "pending", "large2", "large3", "large0"];
+    let mut bufs: Vec<crate::AlignedBuf> = keys.iter().map(|_| crate::AlignedBuf::zeroed(300_000 + unit)).collect();
+    // One buffer not aligned to the device: read through an engine buffer and copied.
+    let mut unaligned = vec![0u8; 300_000 + unit + 1];
+    let skew = usize::from((unaligned.as_ptr() as usize).is_multiple_of(unit));
+    let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    outs[8] = &mut unaligned[skew..];
+    let got = s.get_batch_into("default", &keys, &mut outs, ReadOptions { verify_hash: true }).unwrap();
+    let want = |key: &str| -> Option<Vec<u8>> {
+        match key {
+            "small" => Some(block(50, 5000)),
+            "packed" => Some(kv.clone()),
+            "pending" => Some(block(52, 250_000)),
+            "missing" | "damaged" => None,
+            k => Some(large[k.trim_start_matches("large").parse::<usize>().unwrap()].clone()),
+        }
+    };
+    for (i, key) in keys.iter().enumerate() {
+        let expect = want(key);
+        let read = got[i].as_ref().map(|(meta, n)| {
+            assert_eq!(meta.raw_len, *n as u64, "{key}");
+            outs[i][..*n].to_vec()
+        });
+        assert_eq!(read.as_ref().map(Vec::len), expect.as_ref().map(Vec::len), "{key}");
+        assert!(read == expect, "{key} read back other bytes");
+    }
+    let stats = s.stats();
+    // Straight into their buffers: large0 twice, large1, large2 (large3's buffer is unaligned),
+    // and the buffered put once the writer has written it.
+    assert!((4..=5).contains(&stats.direct_reads), "{}", stats.direct_reads);
+    assert_eq!((stats.read_errors, stats.misses), (1, 2), "the damaged block is a counted miss, as is the missing key");
+    // A buffer too short for its block is refused clearly, as by get_into.
+    let mut short = crate::AlignedBuf::zeroed(4096);
+    let mut outs: Vec<&mut [u8]> = vec![&mut short[..]];
+    assert!(matches!(
+        s.get_batch_into("default", &["large0"], &mut outs, ReadOptions::default()),
+        Err(StoreError::BufferTooSmall { .. })
+    ));
+    assert!(s.get_batch_into("default", &["large0", "large1"], &mut outs, ReadOptions::default()).is_err());
+}
+
+#[test]
 fn a_damaged_block_read_directly_is_a_counted_miss_not_garbage() {
     for (what, at) in [("payload", 4096 + 70_000), ("last partial unit", 4096 + 256 * 1024 + 10), ("header", 20)] {
         let (dev, s) = mem_store(8);
