@@ -11,7 +11,6 @@
 mod buffers;
 mod parallel;
 mod plugin;
-mod reads;
 mod store;
 
 use pyo3::prelude::*;
