@@ -98,14 +98,21 @@ impl UringDevice {
     }
 
     /// Runs one request: the ranges `parts` (memory, length, device offset), split into chunks
-    /// that are all in flight at once up to the queue depth.
+    /// that are all in flight at once up to the queue depth. `done(i, bytes)`, if given, is told
+    /// of each part whose chunks have all completed, after the ring has been refilled, so that
+    /// the caller's work on it overlaps the reads still in flight.
     ///
     /// # Safety
     ///
     /// Every part's pointer must be valid for reads (Write) or writes (Read) of its length for
     /// the whole call, the parts must not overlap, and nothing else may access that memory
     /// during the call.
-    unsafe fn run(&self, op: Op, parts: &[(*mut u8, usize, u64)]) -> Result<(), DeviceError> {
+    unsafe fn run(
+        &self,
+        op: Op,
+        parts: &[(*mut u8, usize, u64)],
+        mut done: Option<&mut dyn FnMut(usize, &[u8])>,
+    ) -> Result<(), DeviceError> {
         let name = match op {
             Op::Read => "read",
             Op::Write => "write",
@@ -120,24 +127,28 @@ impl UringDevice {
             .or_else(|| self.rings.get(start % self.rings.len()).map(|m| m.lock().unwrap_or_else(|e| e.into_inner())))
             .ok_or_else(|| fail(std::io::Error::other("no io_uring ring")))?;
         let chunk = self.config.chunk_bytes;
-        // (memory, length, device offset) of every chunk of every part.
-        let chunks: Vec<(*mut u8, usize, u64)> = parts
+        // (memory, length, device offset, part) of every chunk of every part.
+        let chunks: Vec<(*mut u8, usize, u64, usize)> = parts
             .iter()
-            .flat_map(|&(ptr, len, offset)| {
+            .enumerate()
+            .flat_map(|(part, &(ptr, len, offset))| {
                 (0..len.div_ceil(chunk)).map(move |i| {
                     let at = i * chunk;
                     // SAFETY: at < len, so the pointer stays inside the part's memory.
-                    (unsafe { ptr.add(at) }, chunk.min(len - at), offset + at as u64)
+                    (unsafe { ptr.add(at) }, chunk.min(len - at), offset + at as u64, part)
                 })
             })
             .collect();
+        // Chunks of each part not yet completed, and the parts completed but not yet told.
+        let mut remaining: Vec<usize> = parts.iter().map(|p| p.1.div_ceil(chunk)).collect();
+        let mut finished: Vec<usize> = Vec::new();
         let mut next_chunk = 0usize;
         let mut in_flight = 0usize;
         let mut first_error: Option<DeviceError> = None;
-        while next_chunk < chunks.len() || in_flight > 0 {
+        while next_chunk < chunks.len() || in_flight > 0 || !finished.is_empty() {
             // Queue as many chunks as fit, unless something already failed.
             while first_error.is_none() && in_flight < self.config.queue_depth as usize {
-                let Some(&(p, n, at)) = chunks.get(next_chunk) else { break };
+                let Some(&(p, n, at, _)) = chunks.get(next_chunk) else { break };
                 let entry = match op {
                     Op::Read => opcode::Read::new(types::Fixed(0), p, n as u32).offset(at).build(),
                     Op::Write => opcode::Write::new(types::Fixed(0), p, n as u32).offset(at).build(),
@@ -150,6 +161,22 @@ impl UringDevice {
                 }
                 next_chunk += 1;
                 in_flight += 1;
+            }
+            if !finished.is_empty() {
+                // Start what was just queued, then work on the finished parts meanwhile.
+                if let Err(e) = ring.submit() {
+                    first_error.get_or_insert(fail(e));
+                }
+                for part in finished.drain(..) {
+                    if let (None, Some(done), Some(&(ptr, len, _))) = (&first_error, done.as_mut(), parts.get(part)) {
+                        // SAFETY: every chunk of this part has completed and none is submitted
+                        // again, so the kernel no longer writes to it; the caller's memory is
+                        // valid for the whole call, and the caller reaches it only through this
+                        // slice until the call returns.
+                        done(part, unsafe { std::slice::from_raw_parts(ptr, len) });
+                    }
+                }
+                continue;
             }
             if in_flight == 0 {
                 break;
@@ -165,13 +192,18 @@ impl UringDevice {
             for cqe in ring.completion() {
                 reaped += 1;
                 let index = cqe.user_data() as usize;
-                let expected = chunks.get(index).map_or(0, |c| c.1);
+                let (expected, part) = chunks.get(index).map_or((0, usize::MAX), |c| (c.1, c.3));
                 let result = cqe.result();
                 if result < 0 {
                     first_error.get_or_insert(fail(std::io::Error::from_raw_os_error(-result)));
                 } else if result as usize != expected {
                     let why = format!("short {name}: {result} of {expected} bytes at chunk {index}");
                     first_error.get_or_insert(fail(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, why)));
+                } else if let Some(left) = remaining.get_mut(part) {
+                    *left -= 1;
+                    if *left == 0 && done.is_some() {
+                        finished.push(part);
+                    }
                 }
             }
             in_flight -= reaped;
@@ -205,7 +237,7 @@ impl BlockDevice for UringDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         check_request("read", offset, buf.len(), self.capacity, UNIT_BYTES)?;
         // SAFETY: buf is an exclusive borrow for the whole call.
-        unsafe { self.run(Op::Read, &[(buf.as_mut_ptr(), buf.len(), offset)]) }
+        unsafe { self.run(Op::Read, &[(buf.as_mut_ptr(), buf.len(), offset)], None) }
     }
 
     fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<(), DeviceError> {
@@ -216,14 +248,29 @@ impl BlockDevice for UringDevice {
             reads.iter_mut().map(|(buf, offset)| (buf.as_mut_ptr(), buf.len(), *offset)).collect();
         // SAFETY: each buffer is a distinct exclusive borrow (so they do not overlap), held for
         // the whole call.
-        unsafe { self.run(Op::Read, &parts) }
+        unsafe { self.run(Op::Read, &parts, None) }
+    }
+
+    fn read_many_each(
+        &self,
+        reads: &mut [(&mut [u8], u64)],
+        done: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<(), DeviceError> {
+        for (buf, offset) in reads.iter() {
+            check_request("read", *offset, buf.len(), self.capacity, UNIT_BYTES)?;
+        }
+        let parts: Vec<(*mut u8, usize, u64)> =
+            reads.iter_mut().map(|(buf, offset)| (buf.as_mut_ptr(), buf.len(), *offset)).collect();
+        // SAFETY: as in read_many; `done` sees a part only through the pointer taken from its
+        // borrow, after the kernel has finished writing it.
+        unsafe { self.run(Op::Read, &parts, Some(done)) }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES)?;
         // SAFETY: the kernel only reads through the pointer of a Write; buf is borrowed for the
         // whole call.
-        unsafe { self.run(Op::Write, &[(buf.as_ptr().cast_mut(), buf.len(), offset)]) }
+        unsafe { self.run(Op::Write, &[(buf.as_ptr().cast_mut(), buf.len(), offset)], None) }
     }
 
     fn sync(&self) -> Result<(), DeviceError> {
