@@ -62,6 +62,26 @@ fn large_requests_are_split_and_reassembled_in_order() {
 }
 
 #[test]
+fn each_read_is_told_as_soon_as_it_completes_not_after_the_batch() {
+    // One ring with one chunk in flight: the first read completes, and is told, before the
+    // second is read at all. Told only after the batch, it would never be: the second fails.
+    let config = UringConfig { rings: 1, queue_depth: 1, chunk_bytes: 4096 };
+    let Some((dir, dev)) = device(1 << 20, config) else { return };
+    let mut w = AlignedBuf::zeroed(8192);
+    w.fill(0x5a);
+    dev.write_at(&w, 0).unwrap();
+    // The file shrinks under the device: a read past its new end comes back short.
+    File::options().write(true).open(dir.path().join("dev")).unwrap().set_len(8192).unwrap();
+    let (mut a, mut b) = (AlignedBuf::zeroed(4096), AlignedBuf::zeroed(64 << 10));
+    let mut told = Vec::new();
+    let got = dev.read_many_each(&mut [(&mut a, 0), (&mut b, 512 << 10)], &mut |i, bytes| {
+        told.push((i, bytes.len(), bytes.iter().all(|&x| x == 0x5a)))
+    });
+    assert!(matches!(got, Err(DeviceError::Io { .. })), "{got:?}");
+    assert_eq!(told, [(0, 4096, true)]);
+}
+
+#[test]
 fn reading_past_the_end_of_the_file_is_an_error() {
     let Some((dir, dev)) = device(1 << 20, UringConfig::default()) else { return };
     File::options().write(true).open(dir.path().join("dev")).unwrap().set_len(8192).unwrap();

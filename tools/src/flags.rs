@@ -12,14 +12,12 @@ pub fn parse_backend(s: &str) -> Result<IoBackend, String> {
     s.parse()
 }
 
-/// `--write-in-flight`: at least one unit, so the writer can take a record at all.
+/// `--write-in-flight`: at least one unit.
 pub fn parse_write_in_flight(s: &str) -> Result<u64, String> {
     let bytes = crate::size::parse_size(s)?;
     let unit = kvhoard_engine::format::UNIT_BYTES;
     if bytes < unit {
-        return Err(format!(
-            "{s:?} is too small: the writer needs at least {unit} bytes (one unit) in flight; the default is 64MiB"
-        ));
+        return Err(format!("{s:?} is too small: it must be at least {unit} bytes (one unit); the default is 64MiB"));
     }
     Ok(bytes)
 }

@@ -22,6 +22,9 @@ use super::queue::WriteQueue;
 use super::uring_queue::UringQueue;
 use super::{check_request, BlockDevice, Capabilities, DeviceError};
 
+/// What `read_many_each` tells of each read that has completed: its index and bytes.
+type Told<'a> = &'a mut dyn FnMut(usize, &[u8]);
+
 /// Tuning of the io_uring backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UringConfig {
@@ -111,7 +114,7 @@ impl UringDevice {
         &self,
         op: Op,
         parts: &[(*mut u8, usize, u64)],
-        mut done: Option<&mut dyn FnMut(usize, &[u8])>,
+        mut done: Option<Told<'_>>,
     ) -> Result<(), DeviceError> {
         let name = match op {
             Op::Read => "read",

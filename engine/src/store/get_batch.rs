@@ -66,6 +66,13 @@ impl Store {
         let parts = &self.parts;
         let entries: Vec<Option<ContentEntry>> =
             keys.iter().map(|k| parts.live_content(&key_fp(namespace, k))).collect();
+        // A buffer too short for its block fails the call before anything is read or counted,
+        // as it fails `get_into`.
+        for (entry, buf) in entries.iter().zip(bufs.iter()) {
+            if let Some(e) = entry.filter(|e| (buf.len() as u64) < u64::from(e.raw_len)) {
+                return Err(StoreError::BufferTooSmall { needed: u64::from(e.raw_len), got: buf.len() as u64 });
+            }
+        }
         let mut plans: Vec<Option<DirectPlan>> = entries
             .iter()
             .zip(bufs.iter())
@@ -97,8 +104,8 @@ impl Store {
         }
         let load_time = started.elapsed();
         let mut got: Vec<Option<(BlockMeta, usize)>> = Vec::with_capacity(keys.len());
-        // The keys not read straight into their buffers: (position, key, entry).
-        let mut rest: Vec<(usize, &str, Option<ContentEntry>)> = Vec::new();
+        // The keys not read straight into their buffers: (position, key).
+        let mut rest: Vec<(usize, &str)> = Vec::new();
         let planned = plans.into_iter().zip(sums).zip(entries).zip(bufs.iter_mut());
         for (i, (((plan, sums), entry), buf)) in planned.enumerate() {
             let key = keys.get(i).copied().unwrap_or_default();
@@ -115,7 +122,7 @@ impl Store {
                     got.push(Some((meta, len)));
                 }
                 None => {
-                    rest.push((i, key, entry));
+                    rest.push((i, key));
                     got.push(None);
                 }
             }
@@ -123,10 +130,13 @@ impl Store {
         if rest.is_empty() {
             return Ok(got);
         }
-        let rest_keys: Vec<&str> = rest.iter().map(|(_, k, _)| *k).collect();
-        let rest_entries: Vec<Option<ContentEntry>> = rest.iter().map(|(_, _, e)| *e).collect();
+        // Looked up again, as `get_into` does: a direct read that found something else may have
+        // raced with reclaim moving the record.
+        let rest_keys: Vec<&str> = rest.iter().map(|(_, k)| *k).collect();
+        let rest_entries: Vec<Option<ContentEntry>> =
+            rest_keys.iter().map(|k| parts.live_content(&key_fp(namespace, k))).collect();
         let frames = self.frames(namespace, &rest_keys, &rest_entries, opts)?;
-        for ((i, key, _), frame) in rest.into_iter().zip(frames) {
+        for ((i, key), frame) in rest.into_iter().zip(frames) {
             if let Some(frame) = &frame {
                 parts.hit(namespace, key, &frame.meta);
             }

@@ -877,6 +877,7 @@ fn get_batch_into_reads_each_key_as_get_into_would() {
     // and the buffered put once the writer has written it.
     assert!((4..=5).contains(&stats.direct_reads), "{}", stats.direct_reads);
     assert_eq!((stats.read_errors, stats.misses), (1, 2), "the damaged block is a counted miss, as is the missing key");
+    assert_eq!((stats.gets, stats.hits), (10, 8), "each key counted once");
     // A buffer too short for its block is refused clearly, as by get_into.
     let mut short = crate::AlignedBuf::zeroed(4096);
     let mut outs: Vec<&mut [u8]> = vec![&mut short[..]];
@@ -884,6 +885,7 @@ fn get_batch_into_reads_each_key_as_get_into_would() {
         s.get_batch_into("default", &["large0"], &mut outs, ReadOptions::default()),
         Err(StoreError::BufferTooSmall { .. })
     ));
+    assert_eq!(s.stats().gets, 10, "a refused batch counts nothing");
     assert!(s.get_batch_into("default", &["large0", "large1"], &mut outs, ReadOptions::default()).is_err());
 }
 
