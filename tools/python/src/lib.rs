@@ -11,6 +11,7 @@
 mod buffers;
 mod parallel;
 mod plugin;
+mod reads;
 mod store;
 
 use pyo3::prelude::*;

@@ -12,13 +12,13 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use kvhoard_engine::{PutOptions, ReadOptions};
+use kvhoard_engine::PutOptions;
 use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use crate::buffers::Region;
 use crate::engine_error;
-use crate::parallel::{for_each_key, PANICKED};
+use crate::reads::get_all_into;
 use crate::store::{open_engine, parse_durability, same_length};
 
 enum Job {
@@ -37,29 +37,17 @@ struct Shared {
     put: PutOptions,
     completions: Mutex<Vec<Completion>>,
     event_fd: libc::c_int,
-    /// Keys of one get batch read at once.
-    io_depth: usize,
+    /// Keys of one get batch read at once (all if `None`).
+    io_depth: Option<usize>,
 }
 
 impl Shared {
-    /// Reads a batch with up to `io_depth` keys in flight.
+    /// Reads a batch: every key's reads in flight at once, or `io_depth` keys' at a time.
     fn get_all(&self, keys: &[String], regions: &mut [Region]) -> (Vec<bool>, Option<String>) {
-        let results = for_each_key(
-            keys,
-            regions,
-            self.io_depth,
-            |key, region| {
-                // SAFETY: LMCache does not touch a submitted buffer until its completion.
-                let out = unsafe { region.bytes_mut() };
-                match self.engine.get_into(&self.namespace, key, out, ReadOptions::default()) {
-                    Ok(found) => Ok(found.is_some()),
-                    Err(e) => Err(format!("get {key:?}: {e}")),
-                }
-            },
-            || Err(PANICKED.to_string()),
-        );
+        // SAFETY: LMCache does not touch a submitted buffer until its completion.
+        let results = unsafe { get_all_into(&self.engine, &self.namespace, keys, regions, self.io_depth) };
         let first_error = results.iter().find_map(|r| r.as_ref().err().cloned());
-        (results.into_iter().map(|r| r.unwrap_or(false)).collect(), first_error)
+        (results.into_iter().map(|r| r.is_ok_and(|found| found.is_some())).collect(), first_error)
     }
 
     /// Stores a batch with one group commit; if the batch is refused (one bad key, say), key by
@@ -134,7 +122,7 @@ impl Shared {
 ///   "adapter_params": {"path": "/data/kv", "create": true}}`.
 /// Parameters: `path`, `create=False`, `capacity=None`, `segment_size=None`, `namespace="lmcache"`,
 /// `durability="written"`, `ttl=None`, `dram_tier=0`, `threads=4` (batches run at once),
-/// `io_depth=8` (keys of one get batch read at once).
+/// `io_depth=None` (keys of one get batch read at once: all of them unless given).
 #[pyclass(module = "kvhoard._native", frozen)]
 pub(crate) struct NativePlugin {
     shared: Arc<Shared>,
@@ -146,7 +134,7 @@ pub(crate) struct NativePlugin {
 #[pymethods]
 impl NativePlugin {
     #[new]
-    #[pyo3(signature = (path, *, create=false, capacity=None, segment_size=None, namespace="lmcache", durability="written", ttl=None, dram_tier=0, threads=4, io_depth=8))]
+    #[pyo3(signature = (path, *, create=false, capacity=None, segment_size=None, namespace="lmcache", durability="written", ttl=None, dram_tier=0, threads=4, io_depth=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -159,7 +147,7 @@ impl NativePlugin {
         ttl: Option<u32>,
         dram_tier: u64,
         threads: usize,
-        io_depth: usize,
+        io_depth: Option<usize>,
     ) -> PyResult<NativePlugin> {
         let durability = parse_durability(durability)?;
         let engine =
@@ -175,7 +163,7 @@ impl NativePlugin {
             put: PutOptions { durability, ttl_secs: ttl, ..Default::default() },
             completions: Mutex::new(Vec::new()),
             event_fd,
-            io_depth: io_depth.max(1),
+            io_depth: io_depth.map(|d| d.max(1)),
         });
         let (sender, receiver) = channel::<Job>();
         let receiver = Arc::new(Mutex::new(receiver));

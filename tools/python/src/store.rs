@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::buffers::Region;
 use crate::parallel::{for_each_key, PANICKED};
+use crate::reads::get_all_into;
 use crate::{engine_error, KvhoardError};
 
 /// A kvhoard volume opened in this process.
@@ -277,26 +278,21 @@ impl Store {
         Ok(hashes.iter().map(|h| PyBytes::new(py, h)).collect())
     }
 
-    /// Reads many blocks into their buffers, `io_depth` keys at once; a miss is None in its
-    /// place.
-    #[pyo3(signature = (keys, outs, *, io_depth=8))]
+    /// Reads many blocks into their buffers; a miss is None in its place. Every key's reads are
+    /// in flight at once, or `io_depth` keys' at a time when given.
+    #[pyo3(signature = (keys, outs, *, io_depth=None))]
     fn get_batch_into(
         &self,
         py: Python<'_>,
         keys: Vec<String>,
         outs: Vec<Bound<'_, PyAny>>,
-        io_depth: usize,
+        io_depth: Option<usize>,
     ) -> PyResult<Vec<Option<usize>>> {
         same_length(keys.len(), outs.len())?;
         let mut regions = outs.iter().map(|o| Region::writable(o)).collect::<PyResult<Vec<_>>>()?;
         py.detach(|| {
-            let read = |key: &String, region: &mut Region| {
-                // SAFETY: the caller does not touch the buffers during the call.
-                let out = unsafe { region.bytes_mut() };
-                let got = self.engine.get_into(&self.namespace, key, out, ReadOptions::default());
-                got.map(|found| found.map(|(_, n)| n)).map_err(|e| e.to_string())
-            };
-            for_each_key(&keys, &mut regions, io_depth, read, || Err(PANICKED.to_string()))
+            // SAFETY: the caller does not touch the buffers during the call.
+            unsafe { get_all_into(&self.engine, &self.namespace, &keys, &mut regions, io_depth) }
                 .into_iter()
                 .collect::<Result<Vec<_>, String>>()
         })

@@ -245,8 +245,8 @@ class StorageBackend(StoragePluginInterface):
         objs = [self._allocate(name, d) for name, d in zip(names, descs)]
         want = [(i, o) for i, o in enumerate(objs) if o is not None]
         try:
-            got = self.store.get_batch_into([names[i] for i, _ in want], [o.byte_array for _, o in want],
-                                            io_depth=self._io_depth)
+            # Every block's reads in flight at once, from one thread.
+            got = self.store.get_batch_into([names[i] for i, _ in want], [o.byte_array for _, o in want])
         except KvhoardError as e:
             logger.error("kvhoard storage plugin: loading %d chunks failed: %s", len(want), e)
             got = [None] * len(want)

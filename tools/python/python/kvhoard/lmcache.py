@@ -8,7 +8,7 @@
 
 Parameters: ``path``, ``create`` (create the volume if missing), ``capacity`` (bytes),
 ``namespace`` ("lmcache"), ``durability`` ("written"), ``ttl`` (seconds), ``dram_tier`` (bytes),
-``threads`` (4 batches at once), ``io_depth`` (8 keys of a get batch read at once). See
+``threads`` (4 batches at once), ``io_depth`` (keys of a get batch read at once; all by default). See
 docs/lmcache.md.
 
 ``StorageBackend`` is a classic-stack ``storage_plugins`` backend (a vLLM worker's LMCache
