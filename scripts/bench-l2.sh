@@ -6,6 +6,7 @@
 # and their ratios to kvhoard's, for 2 MiB and 32 MiB keys. Buffers are 4 KiB-aligned for all.
 #
 #   scripts/bench-l2.sh DIR       DIR: a directory on the disk to measure
+#   ADAPTERS="raw_block fs-odirect fs kvhoard" scripts/bench-l2.sh DIR    the reverse order
 #
 # LMCache's benchmark fills each key's buffer with one byte, (key index) mod 256, and repeats the
 # same keys' bytes in every round: kvhoard stores identical bytes once, so with several rounds
@@ -24,6 +25,10 @@ export LMCACHE_TRACK_USAGE=false LMCACHE_DISABLE_BANNER=1
   echo "needs the LMCache environment with kvhoard built into it (see the header of this script)" >&2
   exit 1
 }
+# The order the adapters run in: this disk drifts, so alternate it between runs (kvhoard must be
+# among them; the ratios are to it).
+adapters=${ADAPTERS:-kvhoard fs fs-odirect raw_block}
+case " $adapters " in *" kvhoard "*) ;; *) echo "ADAPTERS must include kvhoard" >&2; exit 2 ;; esac
 work=$dir/bench-l2
 out=$(mktemp -d)
 trap 'rm -rf "$work" "$out"' EXIT
@@ -45,12 +50,17 @@ for spec in "2048 256 1" "32768 32 1"; do
   set -- $spec
   bytes=$(($1 * 1024 * $2 * 2 + (1 << 30)))
   # (SIZE_KB KEYS ROUNDS): 512 MiB and 1 GiB per adapter, every key's bytes distinct.
-  run kvhoard "$@" '{"type": "native_plugin", "module_path": "kvhoard.lmcache", "class_name": "NativePlugin",
-    "adapter_params": {"path": "'$work/vol'", "create": true, "capacity": '$bytes'}}'
-  run fs "$@" '{"type": "fs", "base_path": "'$work'"}'
-  run fs-odirect "$@" '{"type": "fs", "base_path": "'$work'", "use_odirect": true}'
-  run raw_block "$@" '{"type": "raw_block", "device_path": "'$work/raw'", "slot_bytes": '$(($1 * 1024 + 4096))',
-    "capacity_bytes": '$bytes', "io_engine": "io_uring", "meta_total_bytes": 16777216}'
+  for adapter in $adapters; do
+    case $adapter in
+      kvhoard) run kvhoard "$@" '{"type": "native_plugin", "module_path": "kvhoard.lmcache", "class_name": "NativePlugin",
+        "adapter_params": {"path": "'$work/vol'", "create": true, "capacity": '$bytes'}}' ;;
+      fs) run fs "$@" '{"type": "fs", "base_path": "'$work'"}' ;;
+      fs-odirect) run fs-odirect "$@" '{"type": "fs", "base_path": "'$work'", "use_odirect": true}' ;;
+      raw_block) run raw_block "$@" '{"type": "raw_block", "device_path": "'$work/raw'", "slot_bytes": '$(($1 * 1024 + 4096))',
+        "capacity_bytes": '$bytes', "io_engine": "io_uring", "meta_total_bytes": 16777216}' ;;
+      *) echo "unknown adapter $adapter in ADAPTERS (kvhoard, fs, fs-odirect, raw_block)" >&2; exit 2 ;;
+    esac
+  done
 done
 
 "$venv/bin/python" - "$out" <<'EOF'
