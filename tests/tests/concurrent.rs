@@ -2,11 +2,13 @@
 //! volume reopened between rounds; on the io_uring and the pread backends, with and without a
 //! DRAM tier. Every value names its writer, key and version and is derived from them, so a
 //! reader can tell a right block from a wrong or mixed one, and an old version from a new one.
+//! One reader gets key by key, the other batches of keys straight into aligned buffers
+//! (`get_batch_into`: a quarter of the values are large enough to be read directly).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kvhoard_engine::{
-    CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreOptions, WriterConfig,
+    AlignedBuf, CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreOptions, WriterConfig,
 };
 use kvhoard_tests::{block, Rng};
 
@@ -23,7 +25,13 @@ fn key(t: u32, k: u32) -> String {
 
 fn value(t: u32, k: u32, version: u64) -> Vec<u8> {
     let seed = (u64::from(t) << 48) ^ (u64::from(k) << 32) ^ version;
-    let len = 16 + (seed.wrapping_mul(0x9E37_79B9) % 40_000) as usize;
+    let spread = seed.wrapping_mul(0x9E37_79B9);
+    // A quarter above the size `get_into` reads straight into an aligned buffer.
+    let len = if spread.is_multiple_of(4) {
+        (128 << 10) + (spread % 100_000) as usize
+    } else {
+        16 + (spread % 40_000) as usize
+    };
     let mut v = Vec::with_capacity(len);
     v.extend_from_slice(&t.to_le_bytes());
     v.extend_from_slice(&k.to_le_bytes());
@@ -84,7 +92,12 @@ fn run(io_backend: IoBackend, dram_tier_bytes: u64) {
                 let (store, acked, done) = (&store, &acked, &done);
                 s.spawn(move || {
                     let mut rng = Rng::new(u64::from(1000 + round * 10 + r));
+                    let mut bufs: Vec<AlignedBuf> = (0..BATCH).map(|_| AlignedBuf::zeroed(256 << 10)).collect();
                     while !done.load(Ordering::SeqCst) {
+                        if r == 1 {
+                            read_a_batch(store, acked, &mut rng, &mut bufs);
+                            continue;
+                        }
                         let (t, k) = (rng.below(u64::from(WRITERS)) as u32, rng.below(u64::from(KEYS)) as u32);
                         let floor = acked[t as usize][k as usize].load(Ordering::SeqCst);
                         // A miss is allowed: only a delete (acknowledged or in flight) makes one.
@@ -107,12 +120,42 @@ fn run(io_backend: IoBackend, dram_tier_bytes: u64) {
             }
             done.store(true, Ordering::SeqCst);
         });
+        if dram_tier_bytes == 0 {
+            // (With a DRAM tier no read goes straight into a caller's buffer.)
+            assert!(store.stats().direct_reads > 0, "round {round}: the batch reader read nothing directly");
+        }
         verify(&store, &acked, round);
         store.close().unwrap();
         drop(store);
         store = Store::open(dir.path(), opts.clone()).unwrap();
         verify(&store, &acked, round);
         assert_eq!(store.stats().evicted_keys, 0, "the volume is large enough never to evict");
+    }
+}
+
+/// Keys in one `get_batch_into` of the batch reader.
+const BATCH: usize = 6;
+
+/// One `get_batch_into` of random keys (a key may repeat): each block found is a whole value of
+/// its key, never older than what was acknowledged before the call.
+fn read_a_batch(store: &Store, acked: &[Vec<AtomicU64>], rng: &mut Rng, bufs: &mut [AlignedBuf]) {
+    let picks: Vec<(u32, u32)> =
+        (0..bufs.len()).map(|_| (rng.below(u64::from(WRITERS)) as u32, rng.below(u64::from(KEYS)) as u32)).collect();
+    let floors: Vec<u64> = picks.iter().map(|&(t, k)| acked[t as usize][k as usize].load(Ordering::SeqCst)).collect();
+    let keys: Vec<String> = picks.iter().map(|&(t, k)| key(t, k)).collect();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let got = store.get_batch_into("default", &names, &mut outs, ReadOptions::default()).unwrap();
+    for (((&(t, k), floor), found), out) in picks.iter().zip(floors).zip(got).zip(&outs) {
+        if let Some((meta, n)) = found {
+            assert_eq!(meta.raw_len, n as u64, "{}", key(t, k));
+            let v = check(t, k, &out[..n]);
+            assert!(
+                floor == DELETED || v >= floor,
+                "{}: batch read version {v} after {floor} was acknowledged",
+                key(t, k)
+            );
+        }
     }
 }
 
