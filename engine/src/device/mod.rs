@@ -277,10 +277,15 @@ pub mod conformance {
         }
         // read_many_each tells each read once, with the bytes its buffer then holds.
         let (mut a, mut b) = (AlignedBuf::zeroed(3 * unit as usize), AlignedBuf::zeroed(unit as usize));
+        let mut c = AlignedBuf::zeroed(unit as usize);
         let mut told = Vec::new();
-        dev.read_many_each(&mut [(&mut a, unit), (&mut b, 0)], &mut |i, bytes| told.push((i, bytes.to_vec()))).unwrap();
+        dev.read_many_each(&mut [(&mut a, unit), (&mut b, 0), (&mut c[..0], 0)], &mut |i, bytes| {
+            told.push((i, bytes.to_vec()))
+        })
+        .unwrap();
         told.sort();
-        assert_eq!(told.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(told.iter().map(|t| t.0).collect::<Vec<_>>(), [0, 1, 2], "every read told once, an empty one too");
+        assert!(told[2].1.is_empty());
         assert!(told[0].1 == all[unit as usize..] && told[0].1 == a[..]);
         assert!(told[1].1 == all[..unit as usize] && told[1].1 == b[..]);
         assert!(matches!(

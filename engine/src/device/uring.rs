@@ -144,7 +144,11 @@ impl UringDevice {
             .collect();
         // Chunks of each part not yet completed, and the parts completed but not yet told.
         let mut remaining: Vec<usize> = parts.iter().map(|p| p.1.div_ceil(chunk)).collect();
-        let mut finished: Vec<usize> = Vec::new();
+        // An empty part has no chunk to wait for: it is complete from the start.
+        let mut finished: Vec<usize> = match done {
+            Some(_) => remaining.iter().enumerate().filter(|(_, &n)| n == 0).map(|(i, _)| i).collect(),
+            None => Vec::new(),
+        };
         let mut next_chunk = 0usize;
         let mut in_flight = 0usize;
         let mut first_error: Option<DeviceError> = None;
