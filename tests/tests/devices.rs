@@ -82,6 +82,26 @@ fn each_read_is_told_as_soon_as_it_completes_not_after_the_batch() {
 }
 
 #[test]
+fn a_check_that_panics_leaves_nothing_in_flight() {
+    // The first read is told while the second is still being read; the check panics. The
+    // panic reaches the caller only after the second read has completed, and the ring serves
+    // the next request with nothing left over from this one.
+    let config = UringConfig { rings: 1, queue_depth: 1, chunk_bytes: 4096 };
+    let Some((_dir, dev)) = device(1 << 20, config) else { return };
+    let mut w = AlignedBuf::zeroed(256 << 10);
+    w.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8);
+    dev.write_at(&w, 0).unwrap();
+    let (mut a, mut b) = (AlignedBuf::zeroed(4096), AlignedBuf::zeroed(128 << 10));
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = dev.read_many_each(&mut [(&mut a, 0), (&mut b, 4096)], &mut |_, _| panic!("a check failed"));
+    }));
+    assert!(caught.is_err(), "the panic reaches the caller");
+    let mut r = AlignedBuf::zeroed(256 << 10);
+    dev.read_many(&mut [(&mut r[..], 0)]).unwrap();
+    assert!(r[..] == w[..]);
+}
+
+#[test]
 fn reading_past_the_end_of_the_file_is_an_error() {
     let Some((dir, dev)) = device(1 << 20, UringConfig::default()) else { return };
     File::options().write(true).open(dir.path().join("dev")).unwrap().set_len(8192).unwrap();

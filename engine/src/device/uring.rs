@@ -105,11 +105,14 @@ impl UringDevice {
     /// of each part whose chunks have all completed, after the ring has been refilled, so that
     /// the caller's work on it overlaps the reads still in flight.
     ///
+    /// If `done` panics, nothing more is queued, everything in flight is waited for, and the
+    /// panic then continues: the kernel never writes into memory after the call has ended.
+    ///
     /// # Safety
     ///
-    /// Every part's pointer must be valid for reads (Write) or writes (Read) of its length for
-    /// the whole call, the parts must not overlap, and nothing else may access that memory
-    /// during the call.
+    /// Every part's pointer must be non-null (as a slice's is, even an empty one) and valid for
+    /// reads (Write) or writes (Read) of its length for the whole call, the parts must not
+    /// overlap, and nothing else may access that memory during the call.
     unsafe fn run(
         &self,
         op: Op,
@@ -152,6 +155,7 @@ impl UringDevice {
         let mut next_chunk = 0usize;
         let mut in_flight = 0usize;
         let mut first_error: Option<DeviceError> = None;
+        let mut panicked: Option<Box<dyn std::any::Any + Send>> = None;
         while next_chunk < chunks.len() || in_flight > 0 || !finished.is_empty() {
             // Queue as many chunks as fit, unless something already failed.
             while first_error.is_none() && in_flight < self.config.queue_depth as usize {
@@ -170,17 +174,27 @@ impl UringDevice {
                 in_flight += 1;
             }
             if !finished.is_empty() {
-                // Start what was just queued, then work on the finished parts meanwhile.
-                if let Err(e) = ring.submit() {
-                    first_error.get_or_insert(fail(e));
+                // Start what was just queued, then work on the finished parts meanwhile. Only to
+                // start it early: the wait below submits it too, and reports what fails.
+                if !ring.submission().is_empty() {
+                    let _ = ring.submit();
                 }
                 for part in finished.drain(..) {
                     if let (None, Some(done), Some(&(ptr, len, _))) = (&first_error, done.as_mut(), parts.get(part)) {
-                        // SAFETY: every chunk of this part has completed and none is submitted
-                        // again, so the kernel no longer writes to it; the caller's memory is
-                        // valid for the whole call, and the caller reaches it only through this
-                        // slice until the call returns.
-                        done(part, unsafe { std::slice::from_raw_parts(ptr, len) });
+                        // SAFETY: every chunk of this part has completed and chunks are never
+                        // submitted twice, so the kernel no longer writes to it; parts do not
+                        // overlap, so the chunks still in flight write elsewhere; the pointer is
+                        // non-null and valid for the whole call, and the slice cannot outlive
+                        // `done`'s call.
+                        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+                        if let Err(payload) =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(part, bytes)))
+                        {
+                            // Stop queueing and wait out what is in flight before unwinding.
+                            first_error
+                                .get_or_insert(fail(std::io::Error::other("the caller's check of a read panicked")));
+                            panicked = Some(payload);
+                        }
                     }
                 }
                 continue;
@@ -224,6 +238,9 @@ impl UringDevice {
                     in_flight -= ring.completion().count();
                 }
             }
+        }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
         }
         match first_error {
             Some(e) => Err(e),
