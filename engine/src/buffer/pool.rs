@@ -45,12 +45,30 @@ impl BufferPool {
         PooledBuf { buf: Some(buf), len, pool: Arc::clone(self) }
     }
 
+    /// Keeps a returned buffer, making room by freeing those unused longest: the sizes in use
+    /// now are those just returned. (Keeping the old ones instead, a pool filled by one phase's
+    /// sizes, such as the put path's records, turned every buffer of another size away, and each
+    /// of those was taken fresh from the system again, a page fault per 4 KiB.)
     fn put_back(&self, buf: AlignedBuf) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let held: usize = free.iter().map(|(b, _)| b.len()).sum();
-        if free.len() < self.max_buffers && held + buf.len() <= self.max_bytes {
+        if self.max_buffers == 0 || buf.len() > self.max_bytes {
+            return;
+        }
+        let mut evicted = Vec::new();
+        {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            let mut held: usize = free.iter().map(|(b, _)| b.len()).sum();
+            while free.len() >= self.max_buffers || held + buf.len() > self.max_bytes {
+                let Some(oldest) = free.iter().enumerate().min_by_key(|(_, (_, at))| *at).map(|(i, _)| i) else {
+                    break;
+                };
+                let (old, _) = free.swap_remove(oldest);
+                held -= old.len();
+                evicted.push(old);
+            }
             free.push((buf, Instant::now()));
         }
+        // Dropped outside the lock: unmapping large buffers takes a while.
+        drop(evicted);
     }
 
     /// Frees the buffers unused for `idle` or longer, so that memory taken by a burst returns to
@@ -143,6 +161,28 @@ mod tests {
         let e = pool.get(8 << 20);
         drop((c, d, e));
         assert!(pool.held_bytes() <= 16 << 20);
+        // A buffer larger than the whole pool is never kept.
+        drop(pool.get(32 << 20));
+        assert!(pool.held_bytes() <= 16 << 20);
+    }
+
+    #[test]
+    fn a_full_pool_keeps_the_buffers_returned_last() {
+        let pool = BufferPool::new(4, 64 << 20);
+        // One phase fills the pool with small buffers...
+        drop((pool.get(64 << 10), pool.get(64 << 10), pool.get(64 << 10), pool.get(64 << 10)));
+        assert_eq!(pool.held_bytes(), 4 * (64 << 10));
+        // ...the next one's large buffers take their places and are reused, not taken afresh.
+        let large = pool.get(2 << 20);
+        let ptr = large.as_ptr();
+        drop(large);
+        assert_eq!(pool.get(2 << 20).as_ptr(), ptr, "the returned buffer was kept");
+        let all: Vec<PooledBuf> = (0..4).map(|_| pool.get(2 << 20)).collect();
+        drop(all);
+        assert_eq!(pool.held_bytes(), 4 * (2 << 20), "the oldest small buffers made room");
+        // The byte bound holds too: 64 MiB of 24 MiB buffers keeps two.
+        drop((pool.get(24 << 20), pool.get(24 << 20), pool.get(24 << 20)));
+        assert!(pool.held_bytes() <= 64 << 20);
     }
 
     #[test]
