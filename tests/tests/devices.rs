@@ -48,7 +48,7 @@ fn large_requests_are_split_and_reassembled_in_order() {
     let (head, rest) = r.split_at_mut(4096);
     let (middle, tail) = rest.split_at_mut(500 * 1024);
     let mut told = Vec::new();
-    dev.read_many_each(&mut [(tail, 4096 + 4096 + 500 * 1024), (head, 4096), (middle, 8192)], &mut |i, bytes| {
+    dev.read_many_each(vec![(tail, 4096 + 4096 + 500 * 1024), (head, 4096), (middle, 8192)], &mut |i, bytes| {
         told.push((i, bytes.len(), blake3::hash(bytes)))
     })
     .unwrap();
@@ -74,7 +74,7 @@ fn each_read_is_told_as_soon_as_it_completes_not_after_the_batch() {
     File::options().write(true).open(dir.path().join("dev")).unwrap().set_len(8192).unwrap();
     let (mut a, mut b) = (AlignedBuf::zeroed(4096), AlignedBuf::zeroed(64 << 10));
     let mut told = Vec::new();
-    let got = dev.read_many_each(&mut [(&mut a, 0), (&mut b, 512 << 10)], &mut |i, bytes| {
+    let got = dev.read_many_each(vec![(&mut a, 0), (&mut b, 512 << 10)], &mut |i, bytes| {
         told.push((i, bytes.len(), bytes.iter().all(|&x| x == 0x5a)))
     });
     assert!(matches!(got, Err(DeviceError::Io { .. })), "{got:?}");
@@ -93,7 +93,7 @@ fn a_check_that_panics_leaves_nothing_in_flight() {
     dev.write_at(&w, 0).unwrap();
     let (mut a, mut b) = (AlignedBuf::zeroed(4096), AlignedBuf::zeroed(128 << 10));
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let _ = dev.read_many_each(&mut [(&mut a, 0), (&mut b, 4096)], &mut |_, _| panic!("a check failed"));
+        let _ = dev.read_many_each(vec![(&mut a, 0), (&mut b, 4096)], &mut |_, _| panic!("a check failed"));
     }));
     assert!(caught.is_err(), "the panic reaches the caller");
     let mut r = AlignedBuf::zeroed(256 << 10);

@@ -90,17 +90,19 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn read_many(&self, reads: &mut [(&mut [u8], u64)]) -> Result<(), DeviceError> {
         reads.iter_mut().try_for_each(|(buf, offset)| self.read_at(buf, *offset))
     }
-    /// `read_many` that calls `done(i, bytes)` once for each read as soon as it is complete, on
-    /// this thread, in any order: a backend that keeps reads in flight (io_uring) calls it while
-    /// later reads are still in flight, so the caller's work on a finished read (checking it)
-    /// overlaps the device's. After an error `done` is not called again.
-    fn read_many_each(
+    /// `read_many` that hands each read's buffer back to `done(i, buf)` as soon as the read is
+    /// complete, once, on this thread, in any order: a backend that keeps reads in flight
+    /// (io_uring) does so while later reads are still in flight, so the caller's work on a
+    /// finished read (checking it, or sending it to another thread to decode) overlaps the
+    /// device's. After an error `done` is not called again.
+    fn read_many_each<'a>(
         &self,
-        reads: &mut [(&mut [u8], u64)],
-        done: &mut dyn FnMut(usize, &[u8]),
+        reads: Vec<(&'a mut [u8], u64)>,
+        done: &mut dyn FnMut(usize, &'a mut [u8]),
     ) -> Result<(), DeviceError> {
-        self.read_many(reads)?;
-        reads.iter().enumerate().for_each(|(i, (buf, _))| done(i, buf));
+        let mut reads = reads;
+        self.read_many(&mut reads)?;
+        reads.into_iter().enumerate().for_each(|(i, (buf, _))| done(i, buf));
         Ok(())
     }
     /// Writes all of `buf` at `offset`.
@@ -279,7 +281,7 @@ pub mod conformance {
         let (mut a, mut b) = (AlignedBuf::zeroed(3 * unit as usize), AlignedBuf::zeroed(unit as usize));
         let mut c = AlignedBuf::zeroed(unit as usize);
         let mut told = Vec::new();
-        dev.read_many_each(&mut [(&mut a, unit), (&mut b, 0), (&mut c[..0], 0)], &mut |i, bytes| {
+        dev.read_many_each(vec![(&mut a, unit), (&mut b, 0), (&mut c[..0], 0)], &mut |i, bytes| {
             told.push((i, bytes.to_vec()))
         })
         .unwrap();
@@ -289,7 +291,7 @@ pub mod conformance {
         assert!(told[0].1 == all[unit as usize..] && told[0].1 == a[..]);
         assert!(told[1].1 == all[..unit as usize] && told[1].1 == b[..]);
         assert!(matches!(
-            dev.read_many_each(&mut [(&mut a, end)], &mut |_, _| panic!("told of a failed read")),
+            dev.read_many_each(vec![(&mut a, end)], &mut |_, _| panic!("told of a failed read")),
             Err(DeviceError::OutOfRange { .. })
         ));
     }

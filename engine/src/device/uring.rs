@@ -22,8 +22,9 @@ use super::queue::WriteQueue;
 use super::uring_queue::UringQueue;
 use super::{check_request, BlockDevice, Capabilities, DeviceError};
 
-/// What `read_many_each` tells of each read that has completed: its index and bytes.
-type Told<'a> = &'a mut dyn FnMut(usize, &[u8]);
+/// What `read_many_each` is handed back of each read that has completed: its index and buffer,
+/// the caller's for `'a`.
+type Told<'c, 'a> = &'c mut dyn FnMut(usize, &'a mut [u8]);
 
 /// Tuning of the io_uring backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,9 +102,9 @@ impl UringDevice {
     }
 
     /// Runs one request: the ranges `parts` (memory, length, device offset), split into chunks
-    /// that are all in flight at once up to the queue depth. `done(i, bytes)`, if given, is told
-    /// of each part whose chunks have all completed, after the ring has been refilled, so that
-    /// the caller's work on it overlaps the reads still in flight.
+    /// that are all in flight at once up to the queue depth. `done(i, buf)`, if given, is handed
+    /// each part whose chunks have all completed, after the ring has been refilled, so that the
+    /// caller's work on it overlaps the reads still in flight.
     ///
     /// If `done` panics, nothing more is queued, everything in flight is waited for, and the
     /// panic then continues: the kernel never writes into memory after the call has ended.
@@ -112,12 +113,14 @@ impl UringDevice {
     ///
     /// Every part's pointer must be non-null (as a slice's is, even an empty one) and valid for
     /// reads (Write) or writes (Read) of its length for the whole call, the parts must not
-    /// overlap, and nothing else may access that memory during the call.
-    unsafe fn run(
+    /// overlap, and nothing else may access that memory during the call. With `done` (reads
+    /// only), each part's memory must moreover be valid for writes and not otherwise accessed
+    /// for `'a`: it is handed to `done` as a `&'a mut [u8]`.
+    unsafe fn run<'a>(
         &self,
         op: Op,
         parts: &[(*mut u8, usize, u64)],
-        mut done: Option<Told<'_>>,
+        mut done: Option<Told<'_, 'a>>,
     ) -> Result<(), DeviceError> {
         let name = match op {
             Op::Read => "read",
@@ -182,14 +185,14 @@ impl UringDevice {
                 for part in finished.drain(..) {
                     if let (None, Some(done), Some(&(ptr, len, _))) = (&first_error, done.as_mut(), parts.get(part)) {
                         // SAFETY: every chunk of this part has completed and chunks are never
-                        // submitted twice, so the kernel no longer writes to it; parts do not
-                        // overlap, so the chunks still in flight write elsewhere; the pointer is
-                        // non-null and valid for the whole call, and the slice cannot outlive
-                        // `done`'s call.
-                        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-                        if let Err(payload) =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(part, bytes)))
-                        {
+                        // submitted twice, so the kernel no longer writes to it, and this
+                        // function never touches the part again (each part is in `finished`
+                        // once: its count of chunks left reaches 0 once); parts do not overlap,
+                        // so the chunks still in flight write elsewhere; the pointer is non-null
+                        // and, by this function's contract, valid and not otherwise accessed
+                        // for `'a`, so the one `&'a mut` made of it is unique.
+                        let bytes: &'a mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                        if let Err(payload) = tell(&mut **done, part, bytes) {
                             // Stop queueing and wait out what is in flight before unwinding.
                             first_error
                                 .get_or_insert(fail(std::io::Error::other("the caller's check of a read panicked")));
@@ -249,6 +252,13 @@ impl UringDevice {
     }
 }
 
+/// Hands a completed read's buffer to `done`, catching a panic so that the caller can wait out
+/// the reads still in flight before it unwinds.
+fn tell<'a>(done: &mut dyn FnMut(usize, &'a mut [u8]), part: usize, bytes: &'a mut [u8]) -> std::thread::Result<()> {
+    let mut bytes = Some(bytes);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bytes.take().map_or((), |b| done(part, b))))
+}
+
 impl BlockDevice for UringDevice {
     fn boot(&self) -> u64 {
         self.boot
@@ -275,18 +285,20 @@ impl BlockDevice for UringDevice {
         unsafe { self.run(Op::Read, &parts, None) }
     }
 
-    fn read_many_each(
+    fn read_many_each<'a>(
         &self,
-        reads: &mut [(&mut [u8], u64)],
-        done: &mut dyn FnMut(usize, &[u8]),
+        reads: Vec<(&'a mut [u8], u64)>,
+        done: &mut dyn FnMut(usize, &'a mut [u8]),
     ) -> Result<(), DeviceError> {
         for (buf, offset) in reads.iter() {
             check_request("read", *offset, buf.len(), self.capacity, UNIT_BYTES)?;
         }
+        // The borrows are consumed here: for `'a` their memory is reached only through these
+        // pointers, by the kernel and then by `done`.
         let parts: Vec<(*mut u8, usize, u64)> =
-            reads.iter_mut().map(|(buf, offset)| (buf.as_mut_ptr(), buf.len(), *offset)).collect();
-        // SAFETY: as in read_many; `done` sees a part only through the pointer taken from its
-        // borrow, after the kernel has finished writing it.
+            reads.into_iter().map(|(buf, offset)| (buf.as_mut_ptr(), buf.len(), offset)).collect();
+        // SAFETY: each buffer is a distinct exclusive borrow for `'a` (so they do not overlap,
+        // and nothing else accesses them until `'a` ends), which outlives the call.
         unsafe { self.run(Op::Read, &parts, Some(done)) }
     }
 

@@ -7,15 +7,24 @@
 use std::sync::atomic::Ordering;
 
 use kvhoard_format::record::{validate_key, validate_namespace};
+use kvhoard_format::{BlockDesc, CompressionMeta};
 use kvhoard_kernels::Positions;
 
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
-use crate::codec::{spec_of, Codecs};
+use crate::codec::{spec_of, Codecs, DecodedBlock};
 use crate::error::{Result, StoreError};
 use crate::index::key_fp;
 use crate::options::ReadOptions;
 use crate::parts::Parts;
+
+/// A compressed frame decoded ([`Parts::decode_frame`]), not yet judged.
+pub(super) struct Decoding {
+    /// What the codec gave.
+    result: std::result::Result<DecodedBlock, kvhoard_kernels::Error>,
+    /// False when `verify_hash` asked and a lossless decoding does not match the block's name.
+    name_matches: bool,
+}
 
 /// Whether a read may return a block whose tokens were dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,8 +131,40 @@ impl Parts {
         if meta.compression.is_none() {
             return Ok(Some((frame, Positions::All)));
         }
-        let decoded = self.codecs.decode(&meta.desc, meta.raw_len, &meta.compression, &frame, &self.pool);
-        let d = match decoded {
+        let decoding = self.decode_frame(&meta.desc, meta.raw_len, &meta.compression, &meta.content_hash, &frame, opts);
+        self.decoded_as(key, frame, dropped, decoding)
+    }
+
+    /// Decodes a compressed frame's payload and, with `verify_hash`, checks a lossless one
+    /// against its blake3 name: the CPU's work of a get, which needs nothing but the bytes, so
+    /// that a batch can do it on another thread as each read arrives.
+    pub(super) fn decode_frame(
+        &self,
+        desc: &BlockDesc,
+        raw_len: u64,
+        compression: &CompressionMeta,
+        content_hash: &[u8; 32],
+        payload: &[u8],
+        opts: ReadOptions,
+    ) -> Decoding {
+        let result = self.codecs.decode(desc, raw_len, compression, payload, &self.pool);
+        let name_matches = match &result {
+            Ok(d) if opts.verify_hash && d.lossless => blake3::hash(&d.bytes).as_bytes() == content_hash,
+            _ => true,
+        };
+        Decoding { result, name_matches }
+    }
+
+    /// `decoded` of a compressed frame whose decoding was already done (`decode_frame`).
+    pub(super) fn decoded_as(
+        &self,
+        key: &str,
+        frame: Block,
+        dropped: Dropped,
+        decoding: Decoding,
+    ) -> Result<Option<(Block, Positions)>> {
+        let meta = &frame.meta;
+        let d = match decoding.result {
             Ok(d) => d,
             Err(kvhoard_kernels::Error::Unsupported(reason)) => {
                 return Err(StoreError::Codec { key: key.to_string(), reason });
@@ -139,7 +180,7 @@ impl Parts {
                 .map_or_else(|| "unknown".into(), |s| s.to_string());
             return Err(StoreError::TokensDropped { key: key.to_string(), codec });
         }
-        if opts.verify_hash && d.lossless && blake3::hash(&d.bytes).as_bytes() != &meta.content_hash {
+        if !decoding.name_matches {
             self.metrics.read_errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(key, "decoded block does not match its blake3 name; returning a miss");
             return Ok(None);

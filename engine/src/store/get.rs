@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
 
-use super::decode::Dropped;
+use super::decode::{Decoding, Dropped};
 use super::direct::PayloadSums;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
@@ -238,12 +238,28 @@ impl Parts {
         frame: Option<Block>,
         opts: ReadOptions,
     ) -> Result<Option<Block>> {
-        let block = match frame {
-            Some(frame) => {
+        self.finish_get_decoded(namespace, key, frame, None, opts)
+    }
+
+    /// `finish_get`, with the frame's decoding when it was already done (`decode_frame`).
+    pub(super) fn finish_get_decoded(
+        &self,
+        namespace: &str,
+        key: &str,
+        frame: Option<Block>,
+        decoding: Option<Decoding>,
+        opts: ReadOptions,
+    ) -> Result<Option<Block>> {
+        let block = match (frame, decoding) {
+            (Some(frame), Some(decoding)) if !frame.meta.compression.is_none() => {
+                self.hit(namespace, key, &frame.meta);
+                self.decoded_as(key, frame, Dropped::Refuse, decoding)?.map(|(b, _)| b)
+            }
+            (Some(frame), _) => {
                 self.hit(namespace, key, &frame.meta);
                 self.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b)
             }
-            None => None,
+            (None, _) => None,
         };
         self.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
         Ok(block)
@@ -353,9 +369,22 @@ impl Parts {
         opts: ReadOptions,
         still_current: impl Fn() -> bool,
     ) -> Result<Option<Block>> {
+        let verdict = verify(bytes.as_slice(), entry, opts);
+        self.checked_as(entry, bytes, verdict, load_time, still_current)
+    }
+
+    /// `checked` of bytes whose check (`verify`) was already done.
+    pub(super) fn checked_as(
+        &self,
+        entry: &ContentEntry,
+        bytes: Bytes,
+        verdict: std::result::Result<RecordHeader, String>,
+        load_time: Duration,
+        still_current: impl Fn() -> bool,
+    ) -> Result<Option<Block>> {
         let loc = entry.record;
         let hint = u64::from(entry.fp[0]);
-        match verify(bytes.as_slice(), entry, opts) {
+        match verdict {
             Ok(header) => {
                 let bytes = match bytes {
                     Bytes::Owned(buf) if self.tiers.dram.is_some() => {
@@ -407,7 +436,11 @@ impl Parts {
 }
 
 /// Checks a record read for `entry`: a block record of the expected bytes, payload intact.
-fn verify(record: &[u8], entry: &ContentEntry, opts: ReadOptions) -> std::result::Result<RecordHeader, String> {
+pub(super) fn verify(
+    record: &[u8],
+    entry: &ContentEntry,
+    opts: ReadOptions,
+) -> std::result::Result<RecordHeader, String> {
     let header = RecordHeader::decode(record).map_err(|e| e.to_string())?;
     if header.kind != RecordKind::Block || header_fp(&header) != entry.fp {
         return Err("record holds other bytes than the index expects".into());

@@ -1,25 +1,72 @@
 //! Reading many keys at once: the records of every key not in memory are read with all their
-//! device reads in flight together (a round of at most `ROUND_BYTES`), then checked, and decoded
-//! on every core when there is decoding to do. One thread keeps the device as busy as fio's
-//! queue depth does, instead of one read per thread at a time.
+//! device reads in flight together (a round of at most `ROUND_BYTES`). Each record is checked as
+//! soon as its read completes, while the others are still in flight, and one a codec stored is
+//! decoded then, on a worker per core: the CPU's work overlaps the device's instead of following
+//! it. One thread keeps the device as busy as fio's queue depth does, instead of one read per
+//! thread at a time.
 
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kvhoard_format::record::{validate_key, validate_namespace};
+use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader};
 use kvhoard_format::UNIT_BYTES;
 
+use super::decode::Decoding;
 use super::direct::{DirectPlan, PayloadSums};
+use super::get::verify;
 use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::error::{Result, StoreError};
 use crate::index::{key_fp, ContentEntry};
 use crate::options::ReadOptions;
+use crate::parts::Parts;
 
 /// Record bytes read in one round at most: a larger batch is read in rounds, so the reads in
 /// flight at once stay bounded (the blocks read are all kept until they are returned).
 const ROUND_BYTES: usize = 64 << 20;
+
+/// A block a batch found: its stored frame, and the frame's decoding when it was decoded as its
+/// read arrived.
+struct Found {
+    frame: Block,
+    decoding: Option<Decoding>,
+}
+
+/// What was worked out about one record as soon as its read completed.
+struct Arrived {
+    /// Its header, checked against the index entry and the payload's crc32c, or why not.
+    verdict: std::result::Result<RecordHeader, String>,
+    /// Its payload decoded, when a codec stored it and the batch decodes ahead.
+    decoding: Option<Decoding>,
+    /// When its read completed, from the start of the round's reads.
+    load_time: Duration,
+}
+
+impl Arrived {
+    /// Checks `record`, read for `entry`, and decodes its payload if `decode` and a codec
+    /// stored it.
+    fn of(
+        parts: &Parts,
+        entry: &ContentEntry,
+        record: &[u8],
+        opts: ReadOptions,
+        decode: bool,
+        load_time: Duration,
+    ) -> Arrived {
+        let verdict = verify(record, entry, opts);
+        let decoding = match &verdict {
+            Ok(h) if decode && !h.compression.is_none() => {
+                let start = h.payload_offset() as usize;
+                let payload = record.get(start..start + h.stored_len as usize).unwrap_or_default();
+                Some(parts.decode_frame(&h.desc, h.raw_len, &h.compression, &h.content_hash, payload, opts))
+            }
+            _ => None,
+        };
+        Arrived { verdict, decoding, load_time }
+    }
+}
 
 /// Where one key's record comes from in a round.
 enum Source {
@@ -41,8 +88,8 @@ impl Store {
         self.parts.metrics.gets.fetch_add(keys.len() as u64, Ordering::Relaxed);
         let entries: Vec<Option<ContentEntry>> =
             keys.iter().map(|k| self.parts.live_content(&key_fp(namespace, k))).collect();
-        let frames = self.frames(namespace, keys, &entries, opts)?;
-        self.decode_all(namespace, keys, frames, opts)
+        let found = self.frames(namespace, keys, &entries, opts, true)?;
+        self.decode_all(namespace, keys, found, opts)
     }
 
     /// Reads many blocks into the caller's buffers, one for each key, as [`Store::get_into`]
@@ -94,7 +141,7 @@ impl Store {
                 }
             }
             let verify = opts.verify_hash;
-            parts.log.dev.read_many_each(&mut reads, &mut |r, bytes| {
+            parts.log.dev.read_many_each(reads, &mut |r, bytes| {
                 if let Some(&(key, true)) = owners.get(r) {
                     if let Some(slot) = sums.get_mut(key) {
                         *slot = Some(PayloadSums::of(bytes, verify));
@@ -135,8 +182,8 @@ impl Store {
         let rest_keys: Vec<&str> = rest.iter().map(|(_, k)| *k).collect();
         let rest_entries: Vec<Option<ContentEntry>> =
             rest_keys.iter().map(|k| parts.live_content(&key_fp(namespace, k))).collect();
-        let frames = self.frames(namespace, &rest_keys, &rest_entries, opts)?;
-        for ((i, key), frame) in rest.into_iter().zip(frames) {
+        let frames = self.frames(namespace, &rest_keys, &rest_entries, opts, false)?;
+        for ((i, key), frame) in rest.into_iter().zip(frames.into_iter().map(|f| f.map(|f| f.frame))) {
             if let Some(frame) = &frame {
                 parts.hit(namespace, key, &frame.meta);
             }
@@ -148,25 +195,28 @@ impl Store {
         Ok(got)
     }
 
-    /// The stored frames of `keys` (whose index entries are `entries`), checked, not decoded: from
-    /// the DRAM tier or a pending buffer when there, else read from the log with every read in
-    /// flight at once, in rounds of at most `ROUND_BYTES`.
+    /// The stored frames of `keys` (whose index entries are `entries`), checked: from the DRAM
+    /// tier or a pending buffer when there, else read from the log with every read in flight at
+    /// once, in rounds of at most `ROUND_BYTES`. With `decode_ahead`, each frame a codec stored
+    /// that is read from the log is decoded as soon as its read completes.
     fn frames(
         &self,
         namespace: &str,
         keys: &[&str],
         entries: &[Option<ContentEntry>],
         opts: ReadOptions,
-    ) -> Result<Vec<Option<Block>>> {
+        decode_ahead: bool,
+    ) -> Result<Vec<Option<Found>>> {
         let parts = &self.parts;
-        let mut frames: Vec<Option<Block>> = Vec::with_capacity(keys.len());
+        let mut frames: Vec<Option<Found>> = Vec::with_capacity(keys.len());
         // Whether the DRAM tier has already said no to the first key of the next round (the one
         // that did not fit the last round): asked again, its miss would count twice.
         let mut first_not_in_dram = false;
         while frames.len() < keys.len() {
             let first = frames.len();
             let mut sources = Vec::new();
-            let mut reads: Vec<(PooledBuf, u64)> = Vec::new();
+            // Each read's buffer, device offset and index entry.
+            let mut reads: Vec<(PooledBuf, u64, ContentEntry)> = Vec::new();
             let mut round = 0usize;
             let skip_dram = std::mem::take(&mut first_not_in_dram);
             for (i, entry) in entries.get(first..).unwrap_or_default().iter().enumerate() {
@@ -184,7 +234,7 @@ impl Store {
                                     break;
                                 }
                                 round += len;
-                                reads.push((parts.pool.get(len), parts.record_offset(e)));
+                                reads.push((parts.pool.get(len), parts.record_offset(e), *e));
                                 Source::Read(reads.len() - 1)
                             }
                         },
@@ -192,56 +242,66 @@ impl Store {
                 };
                 sources.push(source);
             }
-            // Every record of the round arrives when the round's reads are done: that is the
-            // load time of each (a pending record's is the time to find it, none to speak of).
-            let started = Instant::now();
-            {
-                let mut all: Vec<(&mut [u8], u64)> = reads.iter_mut().map(|(b, at)| (&mut b[..], *at)).collect();
-                parts.log.dev.read_many(&mut all)?;
-            }
-            let read_time = started.elapsed();
-            let mut bufs: Vec<Option<PooledBuf>> = reads.into_iter().map(|(b, _)| Some(b)).collect();
+            let entries_read: Vec<ContentEntry> = reads.iter().map(|r| r.2).collect();
+            let mut arrived: Vec<Option<Arrived>> = {
+                let all: Vec<(&mut [u8], u64)> = reads.iter_mut().map(|(b, at, _)| (&mut b[..], *at)).collect();
+                parts.read_arriving(all, &entries_read, opts, decode_ahead)?
+            };
+            let mut bufs: Vec<Option<PooledBuf>> = reads.into_iter().map(|(b, _, _)| Some(b)).collect();
             for (i, source) in sources.into_iter().enumerate() {
                 let (Some(key), Some(entry)) = (keys.get(first + i), entries.get(first + i)) else {
                     return Err(StoreError::invalid("get_batch", "a read without a key"));
                 };
-                let (bytes, load_time) = match source {
-                    Source::Done(block) => {
-                        frames.push(block);
-                        continue;
-                    }
-                    Source::Pending(bytes) => (bytes, Duration::ZERO),
-                    Source::Read(r) => match bufs.get_mut(r).and_then(Option::take) {
-                        Some(buf) => (Bytes::Owned(buf), read_time),
-                        None => return Err(StoreError::invalid("get_batch", "a read of the batch went missing")),
-                    },
-                };
+                let found = |frame: Option<Block>, decoding| frame.map(|frame| Found { frame, decoding });
+                if let Source::Done(block) = source {
+                    frames.push(found(block, None));
+                    continue;
+                }
                 let Some(entry) = entry else { return Err(StoreError::invalid("get_batch", "a read without a key")) };
                 let kfp = key_fp(namespace, key);
                 let current = || parts.live_content(&kfp).is_some_and(|e| e == *entry);
-                frames.push(parts.checked(entry, bytes, load_time, opts, current)?);
+                match source {
+                    Source::Done(_) => {}
+                    // A pending record's load time is the time to find it, none to speak of.
+                    Source::Pending(bytes) => {
+                        frames.push(found(parts.checked(entry, bytes, Duration::ZERO, opts, current)?, None));
+                    }
+                    Source::Read(r) => {
+                        let (Some(buf), Some(a)) =
+                            (bufs.get_mut(r).and_then(Option::take), arrived.get_mut(r).and_then(Option::take))
+                        else {
+                            return Err(StoreError::invalid("get_batch", "a read of the batch went missing"));
+                        };
+                        let frame = parts.checked_as(entry, Bytes::Owned(buf), a.verdict, a.load_time, current)?;
+                        frames.push(found(frame, a.decoding));
+                    }
+                }
             }
         }
         Ok(frames)
     }
 
-    /// Tells placement of each block found and decodes the blocks: on every core when a codec
-    /// stored any of them.
+    /// Tells placement of each block found and decodes the blocks not decoded yet (from the
+    /// DRAM tier or pending): on every core when there are several.
     fn decode_all(
         &self,
         namespace: &str,
         keys: &[&str],
-        frames: Vec<Option<Block>>,
+        found: Vec<Option<Found>>,
         opts: ReadOptions,
     ) -> Result<Vec<Option<Block>>> {
         let parts = &self.parts;
-        let decode = |key: &str, frame: Option<Block>| parts.finish_get(namespace, key, frame, opts);
-        let coded = frames.iter().flatten().filter(|f| !f.meta.compression.is_none()).count();
+        let decode = |key: &str, found: Option<Found>| {
+            let (frame, decoding) = found.map_or((None, None), |f| (Some(f.frame), f.decoding));
+            parts.finish_get_decoded(namespace, key, frame, decoding, opts)
+        };
+        let coded =
+            found.iter().flatten().filter(|f| f.decoding.is_none() && !f.frame.meta.compression.is_none()).count();
         let workers = parts.cores.min(coded);
         if workers < 2 {
-            return keys.iter().zip(frames).map(|(k, f)| decode(k, f)).collect();
+            return keys.iter().zip(found).map(|(k, f)| decode(k, f)).collect();
         }
-        let mut work: Vec<(&str, Option<Block>)> = keys.iter().copied().zip(frames).collect();
+        let mut work: Vec<(&str, Option<Found>)> = keys.iter().copied().zip(found).collect();
         let per = work.len().div_ceil(workers);
         let mut chunks = Vec::with_capacity(workers);
         while !work.is_empty() {
@@ -265,5 +325,76 @@ impl Store {
             out.extend(chunk?);
         }
         Ok(out)
+    }
+}
+
+impl Parts {
+    /// Reads `reads` (buffer, device offset), the records of `entries`, all in flight at once,
+    /// and works out each one's [`Arrived`] as soon as its read completes, while the others are
+    /// still in flight: raw records are checked on this thread between refills of the device's
+    /// queue; with `decode_ahead`, records a codec stored go to a worker per core (at most one
+    /// per such record), which checks and decodes them.
+    fn read_arriving(
+        &self,
+        reads: Vec<(&mut [u8], u64)>,
+        entries: &[ContentEntry],
+        opts: ReadOptions,
+        decode_ahead: bool,
+    ) -> Result<Vec<Option<Arrived>>> {
+        let mut arrived: Vec<Option<Arrived>> = entries.iter().map(|_| None).collect();
+        let started = Instant::now();
+        let coded = |r: usize| entries.get(r).is_some_and(|e| e.codec != 0);
+        let workers = if decode_ahead { self.cores.min((0..entries.len()).filter(|&r| coded(r)).count()) } else { 0 };
+        let here = |arrived: &mut Vec<Option<Arrived>>, r: usize, bytes: &[u8], t: Duration| {
+            if let (Some(slot), Some(entry)) = (arrived.get_mut(r), entries.get(r)) {
+                *slot = Some(Arrived::of(self, entry, bytes, opts, decode_ahead, t));
+            }
+        };
+        if workers == 0 {
+            self.log.dev.read_many_each(reads, &mut |r, bytes| here(&mut arrived, r, bytes, started.elapsed()))?;
+            return Ok(arrived);
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, &mut [u8], Duration)>();
+        // Each worker takes the next record from the queue; the one waiting holds the lock.
+        let rx = Mutex::new(rx);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let rx = &rx;
+                    s.spawn(move || {
+                        let mut done = Vec::new();
+                        while let Ok((r, bytes, t)) = rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                            if let Some(entry) = entries.get(r) {
+                                done.push((r, Arrived::of(self, entry, bytes, opts, true, t)));
+                            }
+                        }
+                        done
+                    })
+                })
+                .collect();
+            let read = self.log.dev.read_many_each(reads, &mut |r, bytes| {
+                let t = started.elapsed();
+                if coded(r) {
+                    // Workers that are gone (a panic) leave the record to this thread.
+                    match tx.send((r, bytes, t)) {
+                        Ok(()) => {}
+                        Err(std::sync::mpsc::SendError((r, bytes, t))) => here(&mut arrived, r, bytes, t),
+                    }
+                } else {
+                    here(&mut arrived, r, bytes, t);
+                }
+            });
+            drop(tx);
+            for handle in handles {
+                let done = handle.join().map_err(|_| StoreError::invalid("get_batch", "a decoding thread panicked"))?;
+                for (r, a) in done {
+                    if let Some(slot) = arrived.get_mut(r) {
+                        *slot = Some(a);
+                    }
+                }
+            }
+            read?;
+            Ok(arrived)
+        })
     }
 }

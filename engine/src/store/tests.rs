@@ -329,6 +329,55 @@ fn get_batch_reads_every_record_in_rounds_and_checks_each() {
     assert_eq!(got[83].as_ref().unwrap().to_vec(), block(9, 5000), "a buffered put, written or not");
 }
 
+/// A batch decodes each compressed frame on a worker as its read arrives: every block is what
+/// a single get returns, a damaged frame is a counted miss, and raw blocks, misses and repeats
+/// keep their places.
+#[test]
+fn get_batch_decodes_frames_as_they_arrive_and_a_damaged_one_is_a_counted_miss() {
+    let (dev, s) = mem_store(16);
+    s.set_policy("default", crate::Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
+    let specs = ["lossless", "quant:bits=4", "quant:bits=8"];
+    let mut names = Vec::new();
+    for i in 0..9u64 {
+        let synth = kvhoard_kernels::synth::Synth::new(2, 64, 2, 64, 40 + i);
+        let spec = kvhoard_kernels::CodecSpec::parse(specs[i as usize % specs.len()]).unwrap();
+        let opts = PutOptions { desc: Some(synth.desc.desc()), codec: Some(spec), ..synced() };
+        s.put("default", &format!("kv{i}"), &synth.generate(), &opts).unwrap();
+        names.push(format!("kv{i}"));
+    }
+    s.put("default", "raw", &block(11, 70_000), &synced()).unwrap();
+    s.close().unwrap();
+    // Flip a payload byte of the lossless frame kv3 on the device.
+    let mut image = dev.image();
+    let at = {
+        let s2 = Store::open_on(Arc::new(MemDevice::from_image(image.clone())), StoreOptions::default()).unwrap();
+        let f = s2.get_frame("default", "kv3", ReadOptions::default()).unwrap().unwrap();
+        assert!(f.meta.stored_len < f.meta.raw_len, "kv3 is stored compressed");
+        s2.superblock().unit_offset(f.meta.location.segment, f.meta.location.unit)
+    };
+    image[(at + 4096 + 10) as usize] ^= 1;
+    let s = Store::open_on(Arc::new(MemDevice::from_image(image)), StoreOptions::default()).unwrap();
+    let opts = ReadOptions { verify_hash: true };
+    let want: Vec<Option<Vec<u8>>> =
+        names.iter().map(|k| s.get("default", k, opts).unwrap().map(|b| b.to_vec())).collect();
+    assert!(want[3].is_none(), "the damaged frame is a miss for a single get");
+    assert_eq!(s.stats().read_errors, 1);
+    let mut keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    keys.extend(["raw", "missing", "kv1"]);
+    let got = s.get_batch("default", &keys, opts).unwrap();
+    assert_eq!(got.len(), keys.len());
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(got[i].as_ref().map(|b| b.to_vec()), *w, "kv{i}");
+        if let Some(b) = &got[i] {
+            assert!(b.meta.stored_len < b.meta.raw_len && b.len() as u64 == b.meta.raw_len, "kv{i} decoded");
+        }
+    }
+    assert_eq!(got[9].as_ref().unwrap().to_vec(), block(11, 70_000), "a raw block in the batch");
+    assert!(got[10].is_none(), "a missing key");
+    assert_eq!(got[11].as_ref().map(|b| b.to_vec()), want[1], "a repeated key");
+    assert_eq!(s.stats().read_errors, 2, "the damaged frame counted once more, by the batch");
+}
+
 #[test]
 fn get_batch_asks_each_tier_once_per_key_across_rounds() {
     // 300 KB of DRAM holds none of these 900 KB records: every key is a DRAM miss, read from
