@@ -155,15 +155,18 @@ impl Store {
         // Small, cached, pending, unaligned, compressed, or not what the index said (a race with
         // reclaim, or damage, which `get` tells apart): through an engine buffer.
         let frame = self.get_frame(namespace, key, opts)?;
-        self.frame_into(key, frame, buf, opts)
+        self.frame_into(key, frame, None, buf, opts)
     }
 
     /// The end of a `get_into` that did not read straight into `buf`: the block found (its hit
-    /// already told), or none, decoded or copied into `buf`.
+    /// already told), or none, decoded or copied into `buf`. A compressed frame is decoded
+    /// straight into `buf`, unless its `decoding` was already done (by a batch, on a worker as
+    /// its read arrived): then the decoded block is copied.
     pub(super) fn frame_into(
         &self,
         key: &str,
         frame: Option<Block>,
+        decoding: Option<Decoding>,
         buf: &mut [u8],
         opts: ReadOptions,
     ) -> Result<Option<(BlockMeta, usize)>> {
@@ -173,11 +176,16 @@ impl Store {
             parts.metrics.count_get(None);
             return Ok(None);
         };
-        if !frame.meta.compression.is_none() {
+        let compressed = !frame.meta.compression.is_none();
+        if compressed && decoding.is_none() {
             return self.decode_into(key, frame, buf, opts);
         }
         parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
-        let block = match parts.decoded(key, frame, opts, Dropped::Refuse)? {
+        let decoded = match decoding {
+            Some(decoding) if compressed => parts.decoded_as(key, frame, Dropped::Refuse, decoding)?,
+            _ => parts.decoded(key, frame, opts, Dropped::Refuse)?,
+        };
+        let block = match decoded {
             Some((block, _)) => block,
             None => {
                 parts.metrics.count_get(None);

@@ -38,26 +38,18 @@ struct Found {
 struct Arrived {
     /// Its header, checked against the index entry and the payload's crc32c, or why not.
     verdict: std::result::Result<RecordHeader, String>,
-    /// Its payload decoded, when a codec stored it and the batch decodes ahead.
+    /// Its payload decoded, when a codec stored it.
     decoding: Option<Decoding>,
     /// When its read completed, from the start of the round's reads.
     load_time: Duration,
 }
 
 impl Arrived {
-    /// Checks `record`, read for `entry`, and decodes its payload if `decode` and a codec
-    /// stored it.
-    fn of(
-        parts: &Parts,
-        entry: &ContentEntry,
-        record: &[u8],
-        opts: ReadOptions,
-        decode: bool,
-        load_time: Duration,
-    ) -> Arrived {
+    /// Checks `record`, read for `entry`, and decodes its payload if a codec stored it.
+    fn of(parts: &Parts, entry: &ContentEntry, record: &[u8], opts: ReadOptions, load_time: Duration) -> Arrived {
         let verdict = verify(record, entry, opts);
         let decoding = match &verdict {
-            Ok(h) if decode && !h.compression.is_none() => {
+            Ok(h) if !h.compression.is_none() => {
                 let start = h.payload_offset() as usize;
                 let payload = record.get(start..start + h.stored_len as usize).unwrap_or_default();
                 Some(parts.decode_frame(&h.desc, h.raw_len, &h.compression, &h.content_hash, payload, opts))
@@ -88,7 +80,7 @@ impl Store {
         self.parts.metrics.gets.fetch_add(keys.len() as u64, Ordering::Relaxed);
         let entries: Vec<Option<ContentEntry>> =
             keys.iter().map(|k| self.parts.live_content(&key_fp(namespace, k))).collect();
-        let found = self.frames(namespace, keys, &entries, opts, true)?;
+        let found = self.frames(namespace, keys, &entries, opts)?;
         self.decode_all(namespace, keys, found, opts)
     }
 
@@ -182,30 +174,32 @@ impl Store {
         let rest_keys: Vec<&str> = rest.iter().map(|(_, k)| *k).collect();
         let rest_entries: Vec<Option<ContentEntry>> =
             rest_keys.iter().map(|k| parts.live_content(&key_fp(namespace, k))).collect();
-        let frames = self.frames(namespace, &rest_keys, &rest_entries, opts, false)?;
-        for ((i, key), frame) in rest.into_iter().zip(frames.into_iter().map(|f| f.map(|f| f.frame))) {
+        // A compressed block is decoded on a worker as its read arrives, then copied into its
+        // buffer: a copy costs far less than decoding on this thread after every read.
+        let found = self.frames(namespace, &rest_keys, &rest_entries, opts)?;
+        for ((i, key), found) in rest.into_iter().zip(found) {
+            let (frame, decoding) = found.map_or((None, None), |f| (Some(f.frame), f.decoding));
             if let Some(frame) = &frame {
                 parts.hit(namespace, key, &frame.meta);
             }
             let (Some(buf), Some(slot)) = (bufs.get_mut(i), got.get_mut(i)) else {
                 return Err(StoreError::invalid("get_batch_into", "a key without its buffer"));
             };
-            *slot = self.frame_into(key, frame, buf, opts)?;
+            *slot = self.frame_into(key, frame, decoding, buf, opts)?;
         }
         Ok(got)
     }
 
     /// The stored frames of `keys` (whose index entries are `entries`), checked: from the DRAM
     /// tier or a pending buffer when there, else read from the log with every read in flight at
-    /// once, in rounds of at most `ROUND_BYTES`. With `decode_ahead`, each frame a codec stored
-    /// that is read from the log is decoded as soon as its read completes.
+    /// once, in rounds of at most `ROUND_BYTES`. Each frame a codec stored that is read from the
+    /// log is decoded as soon as its read completes.
     fn frames(
         &self,
         namespace: &str,
         keys: &[&str],
         entries: &[Option<ContentEntry>],
         opts: ReadOptions,
-        decode_ahead: bool,
     ) -> Result<Vec<Option<Found>>> {
         let parts = &self.parts;
         let mut frames: Vec<Option<Found>> = Vec::with_capacity(keys.len());
@@ -245,7 +239,7 @@ impl Store {
             let entries_read: Vec<ContentEntry> = reads.iter().map(|r| r.2).collect();
             let mut arrived: Vec<Option<Arrived>> = {
                 let all: Vec<(&mut [u8], u64)> = reads.iter_mut().map(|(b, at, _)| (&mut b[..], *at)).collect();
-                parts.read_arriving(all, &entries_read, opts, decode_ahead)?
+                parts.read_arriving(all, &entries_read, opts)?
             };
             let mut bufs: Vec<Option<PooledBuf>> = reads.into_iter().map(|(b, _, _)| Some(b)).collect();
             for (i, source) in sources.into_iter().enumerate() {
@@ -332,22 +326,21 @@ impl Parts {
     /// Reads `reads` (buffer, device offset), the records of `entries`, all in flight at once,
     /// and works out each one's [`Arrived`] as soon as its read completes, while the others are
     /// still in flight: raw records are checked on this thread between refills of the device's
-    /// queue; with `decode_ahead`, records a codec stored go to a worker per core (at most one
+    /// queue; records a codec stored go to a worker per core (at most one
     /// per such record), which checks and decodes them.
     fn read_arriving(
         &self,
         reads: Vec<(&mut [u8], u64)>,
         entries: &[ContentEntry],
         opts: ReadOptions,
-        decode_ahead: bool,
     ) -> Result<Vec<Option<Arrived>>> {
         let mut arrived: Vec<Option<Arrived>> = entries.iter().map(|_| None).collect();
         let started = Instant::now();
         let coded = |r: usize| entries.get(r).is_some_and(|e| e.codec != 0);
-        let workers = if decode_ahead { self.cores.min((0..entries.len()).filter(|&r| coded(r)).count()) } else { 0 };
+        let workers = self.cores.min((0..entries.len()).filter(|&r| coded(r)).count());
         let here = |arrived: &mut Vec<Option<Arrived>>, r: usize, bytes: &[u8], t: Duration| {
             if let (Some(slot), Some(entry)) = (arrived.get_mut(r), entries.get(r)) {
-                *slot = Some(Arrived::of(self, entry, bytes, opts, decode_ahead, t));
+                *slot = Some(Arrived::of(self, entry, bytes, opts, t));
             }
         };
         if workers == 0 {
@@ -365,7 +358,7 @@ impl Parts {
                         let mut done = Vec::new();
                         while let Ok((r, bytes, t)) = rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
                             if let Some(entry) = entries.get(r) {
-                                done.push((r, Arrived::of(self, entry, bytes, opts, true, t)));
+                                done.push((r, Arrived::of(self, entry, bytes, opts, t)));
                             }
                         }
                         done
