@@ -356,7 +356,12 @@ impl Parts {
                     let rx = &rx;
                     s.spawn(move || {
                         let mut done = Vec::new();
-                        while let Ok((r, bytes, t)) = rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                        loop {
+                            // A statement of its own, so that the lock is released before the
+                            // work (a `while let` would hold it through the loop's body, and the
+                            // workers would take turns).
+                            let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                            let Ok((r, bytes, t)) = next else { break };
                             if let Some(entry) = entries.get(r) {
                                 done.push((r, Arrived::of(self, entry, bytes, opts, t)));
                             }
