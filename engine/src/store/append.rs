@@ -27,7 +27,7 @@ use crate::writer::WriteJob;
 
 /// Batches smaller than this are prepared by the calling thread alone: starting threads would
 /// cost more than it saves.
-const PARALLEL_MIN_BYTES: usize = 1 << 20;
+pub(super) const PARALLEL_MIN_BYTES: usize = 1 << 20;
 
 /// Why a rename's link could not be reserved.
 pub(crate) const SOURCE_CHANGED: &str = "the key changed while it was being renamed or recompressed";
@@ -100,43 +100,19 @@ impl<'a> Prepared<'a> {
 }
 
 impl Store {
-    /// `prepare` for each checked item, in order; a group of at least `PARALLEL_MIN_BYTES` on
-    /// every core.
-    pub(super) fn prepare_parallel<'a>(
+    /// `prepare` for each checked item, in order, on this thread (a batch worth more threads is
+    /// streamed: `put_stream.rs`).
+    pub(super) fn prepare_here<'a>(
         &self,
         namespace: &str,
-        mut items: Vec<(RecordHeader, &'a [u8])>,
+        items: Vec<(RecordHeader, &'a [u8])>,
         codec: Option<CodecSpec>,
-    ) -> Result<Vec<Prepared<'a>>> {
+    ) -> Vec<Prepared<'a>> {
         let parts = &*self.parts;
-        let prepare = |chunk: Vec<(RecordHeader, &'a [u8])>| -> Vec<Prepared<'a>> {
-            chunk.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec, false)).collect()
-        };
         let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
-        let cores = parts.cores;
-        let workers = cores.min(items.len());
-        if workers < 2 || bytes < PARALLEL_MIN_BYTES {
-            // One large block to compress: hashing it runs beside the codec.
-            let alongside = cores > 1 && codec.is_some() && bytes >= PARALLEL_MIN_BYTES;
-            return Ok(items
-                .into_iter()
-                .map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec, alongside))
-                .collect());
-        }
-        let per = items.len().div_ceil(workers);
-        let mut chunks = Vec::with_capacity(workers);
-        while !items.is_empty() {
-            let tail = items.split_off(per.min(items.len()));
-            chunks.push(std::mem::replace(&mut items, tail));
-        }
-        std::thread::scope(|s| {
-            let handles: Vec<_> = chunks.into_iter().map(|chunk| s.spawn(move || prepare(chunk))).collect();
-            let mut all = Vec::with_capacity(per * workers);
-            for handle in handles {
-                all.extend(handle.join().map_err(|_| StoreError::invalid("put", "a hashing thread panicked"))?);
-            }
-            Ok(all)
-        })
+        // One large block to compress: hashing it runs beside the codec.
+        let alongside = parts.cores > 1 && codec.is_some() && bytes >= PARALLEL_MIN_BYTES;
+        items.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec, alongside)).collect()
     }
 }
 
@@ -144,7 +120,7 @@ impl Parts {
     /// Hashes one block whose header the put checked, compresses it with `codec` if one is
     /// given (`alongside`: hashing on a thread of its own meanwhile, for a large block put
     /// alone), and decides between a block and a link record.
-    fn prepare<'a>(
+    pub(super) fn prepare<'a>(
         &self,
         namespace: &str,
         mut header: RecordHeader,

@@ -19,6 +19,7 @@ mod pin;
 mod plan;
 mod prometheus;
 mod put;
+mod put_stream;
 pub(crate) mod recode;
 mod stats;
 mod submit;

@@ -5,7 +5,7 @@
 use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
 use kvhoard_format::{BlockDesc, CompressionMeta};
 
-use super::append::{Prepared, SOURCE_CHANGED};
+use super::append::{Prepared, PARALLEL_MIN_BYTES, SOURCE_CHANGED};
 use super::Store;
 use crate::block::BlockMeta;
 use crate::error::{Result, StoreError};
@@ -16,16 +16,6 @@ use crate::placement::group_ttl::Access;
 use crate::placement::{context_of, BlockInfo};
 use crate::policy::Policy;
 use crate::writer::WriteJob;
-
-/// A batch larger than this is prepared in groups of at most about this size, the next while
-/// the last is written.
-const PIPELINE_BYTES: usize = 32 << 20;
-
-/// The first group of a pipelined batch: small, so that the disk starts writing after a few
-/// blocks are hashed rather than after a whole group (the groups then double up to
-/// [`PIPELINE_BYTES`]). Measured on a 2-core VM, 2 MiB blocks in batches of 32: see
-/// docs/benchmarks.md, "Batched puts: a small first group".
-const FIRST_GROUP_BYTES: usize = 4 << 20;
 
 impl Store {
     /// Stores `bytes` under `key` in `namespace` and returns their blake3 content hash.
@@ -75,39 +65,18 @@ impl Store {
             }
             None => policy.codec_for(namespace, opts.codec)?,
         };
-        // A large batch is prepared (hashed, checksummed, copied) in groups, the next group
-        // while the last one is written, so that the disk is not idle while the CPUs hash, and
-        // only a few groups of record buffers exist at once.
-        let groups = pipeline_groups(checked);
-        let mut hashes = Vec::with_capacity(items.len());
-        let mut last_end = Pos::default();
-        // Every group is handed to the log writer without waiting for the last one's writes, so
-        // the device queue stays full across groups; the batch then waits once.
-        let mut write = |mut prepared: Vec<Prepared<'_>>| -> Result<()> {
-            hashes.extend(prepared.iter().map(|p| p.header.content_hash));
-            last_end = last_end.max(self.append_all(&mut prepared, Durability::Buffered)?);
-            Ok(())
-        };
-        if groups.len() <= 1 {
-            for group in groups {
-                write(self.prepare_parallel(namespace, group, codec)?)?;
-            }
+        // A large batch is streamed: prepared (hashed, compressed, checksummed, copied) on every
+        // core and handed to the log writer block by block in order, so the device queue fills
+        // while the CPUs work; the batch then waits once.
+        let bytes: usize = checked.iter().map(|(_, b)| b.len()).sum();
+        let workers = parts.cores.min(checked.len());
+        let (hashes, last_end) = if workers < 2 || bytes < PARALLEL_MIN_BYTES {
+            let mut prepared = self.prepare_here(namespace, checked, codec);
+            let hashes = prepared.iter().map(|p| p.header.content_hash).collect();
+            (hashes, self.append_all(&mut prepared, Durability::Buffered)?)
         } else {
-            std::thread::scope(|s| {
-                let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                s.spawn(move || {
-                    for group in groups {
-                        let prepared = self.prepare_parallel(namespace, group, codec);
-                        let failed = prepared.is_err();
-                        // The receiver stops on the first error, its own or this one.
-                        if tx.send(prepared).is_err() || failed {
-                            return;
-                        }
-                    }
-                });
-                rx.into_iter().try_for_each(|prepared| write(prepared?))
-            })?;
-        }
+            self.append_streamed(namespace, checked, codec, workers)?
+        };
         if opts.durability != Durability::Buffered {
             parts.log.wait_written(last_end)?;
         }
@@ -321,50 +290,5 @@ fn tombstone(namespace: &str, key: &str, now: u64) -> RecordHeader {
         desc: BlockDesc::opaque(),
         compression: CompressionMeta::none(),
         recovered: false,
-    }
-}
-
-/// Cuts checked items into groups, in order: the first of about [`FIRST_GROUP_BYTES`], each
-/// next one twice as large up to [`PIPELINE_BYTES`]; every group holds at least one item.
-fn pipeline_groups<T>(mut checked: Vec<(T, &[u8])>) -> Vec<Vec<(T, &[u8])>> {
-    let mut groups = Vec::new();
-    let mut target = FIRST_GROUP_BYTES;
-    while !checked.is_empty() {
-        let mut bytes = 0;
-        let take = checked
-            .iter()
-            .take_while(|(_, b)| {
-                let before = bytes;
-                bytes += b.len();
-                before < target
-            })
-            .count();
-        let tail = checked.split_off(take.clamp(1, checked.len()));
-        groups.push(std::mem::replace(&mut checked, tail));
-        target = (target * 2).min(PIPELINE_BYTES);
-    }
-    groups
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sizes(blocks: &[usize]) -> Vec<Vec<usize>> {
-        let bufs: Vec<Vec<u8>> = blocks.iter().map(|&n| vec![0; n]).collect();
-        let checked = bufs.iter().enumerate().map(|(i, b)| (i, b.as_slice())).collect();
-        pipeline_groups(checked).iter().map(|g| g.iter().map(|(_, b)| b.len()).collect()).collect()
-    }
-
-    #[test]
-    fn groups_start_small_and_double_up_to_the_pipeline_size() {
-        const MIB: usize = 1 << 20;
-        let groups = sizes(&[2 * MIB; 40]);
-        let lens: Vec<usize> = groups.iter().map(Vec::len).collect();
-        assert_eq!(lens, vec![2, 4, 8, 16, 10]);
-        // A block larger than a group is a group of its own; nothing is lost or reordered.
-        let groups = sizes(&[64 * MIB, MIB, 40 * MIB, 0, MIB]);
-        assert_eq!(groups, vec![vec![64 * MIB], vec![MIB, 40 * MIB], vec![0, MIB]]);
-        assert!(sizes(&[]).is_empty());
     }
 }

@@ -1075,11 +1075,11 @@ fn a_failed_write_in_a_parallel_batch_fails_the_batch_and_poisons_writes() {
 }
 
 #[test]
-fn a_batch_larger_than_a_pipeline_group_is_prepared_while_written_and_refused_whole() {
+fn a_batch_larger_than_the_bytes_prepared_ahead_is_streamed_and_refused_whole() {
     let dev = Arc::new(MemDevice::new(14 * (8 << 20)));
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: 8 << 20 };
     let s = Store::create_on(dev.clone(), &create, StoreOptions::default()).unwrap();
-    // 40 MiB: more than one group, over several segments.
+    // 40 MiB: more than is prepared ahead of the log at once, over several segments.
     let blocks: Vec<Vec<u8>> = (0..20).map(|i| block(300 + i, 2 << 20)).collect();
     let mut keys: Vec<String> = (0..20).map(|i| format!("p{i}")).collect();
     // A bad key at the very end refuses the whole batch before anything is written.
