@@ -94,7 +94,8 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// complete, once, on this thread, in any order: a backend that keeps reads in flight
     /// (io_uring) does so while later reads are still in flight, so the caller's work on a
     /// finished read (checking it, or sending it to another thread to decode) overlaps the
-    /// device's. After an error `done` is not called again.
+    /// device's. After an error `done` is not called again. `done` must not do I/O on this
+    /// device: a backend may call it holding one of its queues.
     fn read_many_each<'a>(
         &self,
         reads: Vec<(&'a mut [u8], u64)>,

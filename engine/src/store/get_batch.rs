@@ -64,6 +64,12 @@ impl Arrived {
 enum Source {
     /// Already known: a miss, or the block from the DRAM tier.
     Done(Option<Block>),
+    /// Its record's bytes, to check.
+    Record(Record),
+}
+
+/// Where the bytes of a key's record are in a round.
+enum Record {
     /// Still being written: its pending buffer.
     Pending(Bytes),
     /// The i-th read of the round.
@@ -220,7 +226,7 @@ impl Store {
                     Some(e) => match ask_dram.then(|| parts.dram_hit(e, opts)).flatten() {
                         Some(block) => Source::Done(Some(block)),
                         None => match parts.log.pending_record(&e.record) {
-                            Some(buf) => Source::Pending(Bytes::Shared(buf)),
+                            Some(buf) => Source::Record(Record::Pending(Bytes::Shared(buf))),
                             None => {
                                 let len = e.units as usize * UNIT_BYTES as usize;
                                 if round > 0 && round + len > ROUND_BYTES {
@@ -229,7 +235,7 @@ impl Store {
                                 }
                                 round += len;
                                 reads.push((parts.pool.get(len), parts.record_offset(e), *e));
-                                Source::Read(reads.len() - 1)
+                                Source::Record(Record::Read(reads.len() - 1))
                             }
                         },
                     },
@@ -247,20 +253,22 @@ impl Store {
                     return Err(StoreError::invalid("get_batch", "a read without a key"));
                 };
                 let found = |frame: Option<Block>, decoding| frame.map(|frame| Found { frame, decoding });
-                if let Source::Done(block) = source {
-                    frames.push(found(block, None));
-                    continue;
-                }
+                let record = match source {
+                    Source::Done(block) => {
+                        frames.push(found(block, None));
+                        continue;
+                    }
+                    Source::Record(record) => record,
+                };
                 let Some(entry) = entry else { return Err(StoreError::invalid("get_batch", "a read without a key")) };
                 let kfp = key_fp(namespace, key);
                 let current = || parts.live_content(&kfp).is_some_and(|e| e == *entry);
-                match source {
-                    Source::Done(_) => {}
+                match record {
                     // A pending record's load time is the time to find it, none to speak of.
-                    Source::Pending(bytes) => {
+                    Record::Pending(bytes) => {
                         frames.push(found(parts.checked(entry, bytes, Duration::ZERO, opts, current)?, None));
                     }
-                    Source::Read(r) => {
+                    Record::Read(r) => {
                         let (Some(buf), Some(a)) =
                             (bufs.get_mut(r).and_then(Option::take), arrived.get_mut(r).and_then(Option::take))
                         else {
@@ -373,18 +381,19 @@ impl Parts {
             let read = self.log.dev.read_many_each(reads, &mut |r, bytes| {
                 let t = started.elapsed();
                 if coded(r) {
-                    // Workers that are gone (a panic) leave the record to this thread.
-                    match tx.send((r, bytes, t)) {
-                        Ok(()) => {}
-                        Err(std::sync::mpsc::SendError((r, bytes, t))) => here(&mut arrived, r, bytes, t),
-                    }
+                    // Cannot fail: the receiver lives until the scope ends. A record that a
+                    // worker which panicked never took is reported by the joins below.
+                    let _ = tx.send((r, bytes, t));
                 } else {
                     here(&mut arrived, r, bytes, t);
                 }
             });
             drop(tx);
-            for handle in handles {
-                let done = handle.join().map_err(|_| StoreError::invalid("get_batch", "a decoding thread panicked"))?;
+            // Every worker joined before any error is returned: one left unjoined after a panic
+            // would make the scope panic.
+            let joined: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+            for done in joined {
+                let done = done.map_err(|_| StoreError::invalid("get_batch", "a decoding thread panicked"))?;
                 for (r, a) in done {
                     if let Some(slot) = arrived.get_mut(r) {
                         *slot = Some(a);

@@ -68,13 +68,15 @@ impl Store {
         // A large batch is streamed: prepared (hashed, compressed, checksummed, copied) on every
         // core and handed to the log writer block by block in order, so the device queue fills
         // while the CPUs work; the batch then waits once.
+        // (With one core, one worker: the blocks are still prepared while earlier ones are
+        // written, and memory stays bounded.)
         let bytes: usize = checked.iter().map(|(_, b)| b.len()).sum();
-        let workers = parts.cores.min(checked.len());
-        let (hashes, last_end) = if workers < 2 || bytes < PARALLEL_MIN_BYTES {
+        let (hashes, last_end) = if checked.len() < 2 || bytes < PARALLEL_MIN_BYTES {
             let mut prepared = self.prepare_here(namespace, checked, codec);
             let hashes = prepared.iter().map(|p| p.header.content_hash).collect();
             (hashes, self.append_all(&mut prepared, Durability::Buffered)?)
         } else {
+            let workers = parts.cores.clamp(1, checked.len());
             self.append_streamed(namespace, checked, codec, workers)?
         };
         if opts.durability != Durability::Buffered {

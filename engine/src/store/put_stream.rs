@@ -23,8 +23,9 @@ use crate::log::Pos;
 use crate::options::Durability;
 
 /// Bytes of blocks prepared ahead of the log: enough to keep the writer fed while the next
-/// blocks are prepared, few enough that a batch of any size holds little memory.
-const AHEAD_BYTES: usize = 32 << 20;
+/// blocks are prepared, and two 32 MiB blocks (an 8B model's 256-token chunk) on two cores at
+/// once; few enough that a batch of any size holds little memory.
+const AHEAD_BYTES: usize = 64 << 20;
 
 /// The blocks taken by workers and not yet appended, in bytes; workers wait on it.
 struct Ahead {
@@ -63,6 +64,15 @@ impl Ahead {
     }
 }
 
+/// Stops the batch when dropped.
+struct StopOnDrop<'a>(&'a Ahead);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
 impl Store {
     /// Prepares `checked` on `workers` threads and appends each block in order as soon as it and
     /// every one before it are ready; returns the blocks' hashes, in order, and the end of the
@@ -98,18 +108,23 @@ impl Store {
                         queue.next()
                     };
                     let Some((i, (header, bytes))) = next else { return };
-                    let prepared = parts.prepare(namespace, header, bytes, codec, false);
+                    // A panic here would leave block i missing, and the blocks after it would
+                    // wait for room forever: the batch is stopped instead, and fails.
+                    let prepare = || parts.prepare(namespace, header, bytes, codec, false);
+                    let Ok(prepared) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(prepare)) else {
+                        ahead.stop();
+                        return;
+                    };
                     if tx.send((i, prepared)).is_err() {
                         return;
                     }
                 });
             }
             drop(tx);
-            let appended = self.append_in_order(rx, count, &sizes, &ahead);
-            if appended.is_err() {
-                ahead.stop();
-            }
-            appended
+            // Whatever way the appending ends, an error or a panic included, no worker is left
+            // waiting for room.
+            let _stop = StopOnDrop(&ahead);
+            self.append_in_order(rx, count, &sizes, &ahead)
         })
     }
 

@@ -346,6 +346,20 @@ fn get_batch_decodes_frames_as_they_arrive_and_a_damaged_one_is_a_counted_miss()
         names.push(format!("kv{i}"));
     }
     s.put("default", "raw", &block(11, 70_000), &synced()).unwrap();
+    // A frame that passes its crc32c (the client compressed it, so the store checksums what it
+    // is given) but does not decode to its name: kv0's frame with bytes in its middle changed.
+    let frame = s.get_frame("default", "kv0", ReadOptions::default()).unwrap().unwrap();
+    let mut forged = frame.to_vec();
+    let mid = forged.len() / 2;
+    forged[mid..mid + 64].iter_mut().for_each(|b| *b = !*b);
+    let forged_opts = PutOptions {
+        compression: Some(frame.meta.compression.clone()),
+        // Another name than kv0's, or the put would only link to kv0's block.
+        raw: Some((frame.meta.raw_len, [7; 32])),
+        desc: Some(frame.meta.desc.clone()),
+        ..synced()
+    };
+    s.put("default", "forged", &forged, &forged_opts).unwrap();
     s.close().unwrap();
     // Flip a payload byte of the lossless frame kv3 on the device.
     let mut image = dev.image();
@@ -361,9 +375,10 @@ fn get_batch_decodes_frames_as_they_arrive_and_a_damaged_one_is_a_counted_miss()
     let want: Vec<Option<Vec<u8>>> =
         names.iter().map(|k| s.get("default", k, opts).unwrap().map(|b| b.to_vec())).collect();
     assert!(want[3].is_none(), "the damaged frame is a miss for a single get");
-    assert_eq!(s.stats().read_errors, 1);
+    assert!(s.get("default", "forged", opts).unwrap().is_none(), "a frame that does not decode to its name");
+    assert_eq!(s.stats().read_errors, 2);
     let mut keys: Vec<&str> = names.iter().map(String::as_str).collect();
-    keys.extend(["raw", "missing", "kv1"]);
+    keys.extend(["raw", "missing", "kv1", "forged"]);
     let got = s.get_batch("default", &keys, opts).unwrap();
     assert_eq!(got.len(), keys.len());
     for (i, w) in want.iter().enumerate() {
@@ -375,7 +390,8 @@ fn get_batch_decodes_frames_as_they_arrive_and_a_damaged_one_is_a_counted_miss()
     assert_eq!(got[9].as_ref().unwrap().to_vec(), block(11, 70_000), "a raw block in the batch");
     assert!(got[10].is_none(), "a missing key");
     assert_eq!(got[11].as_ref().map(|b| b.to_vec()), want[1], "a repeated key");
-    assert_eq!(s.stats().read_errors, 2, "the damaged frame counted once more, by the batch");
+    assert!(got[12].is_none(), "the frame that does not decode to its name is a miss in a batch too");
+    assert_eq!(s.stats().read_errors, 4, "each bad frame counted once more, by the batch");
 }
 
 #[test]
