@@ -181,17 +181,41 @@ impl Store {
         let rest_entries: Vec<Option<ContentEntry>> =
             rest_keys.iter().map(|k| parts.live_content(&key_fp(namespace, k))).collect();
         // A compressed block is decoded on a worker as its read arrives, then copied into its
-        // buffer: a copy costs far less than decoding on this thread after every read.
-        let found = self.frames(namespace, &rest_keys, &rest_entries, opts)?;
-        for ((i, key), found) in rest.into_iter().zip(found) {
-            let (frame, decoding) = found.map_or((None, None), |f| (Some(f.frame), f.decoding));
-            if let Some(frame) = &frame {
-                parts.hit(namespace, key, &frame.meta);
-            }
-            let (Some(buf), Some(slot)) = (bufs.get_mut(i), got.get_mut(i)) else {
-                return Err(StoreError::invalid("get_batch_into", "a key without its buffer"));
+        // buffer: a copy costs far less than decoding on this thread after every read. The keys
+        // go in slices of at most `ROUND_BYTES` of blocks, each copied out before the next is
+        // read, so that the decoded copies held at once stay bounded however large the batch.
+        let mut start = 0;
+        while start < rest.len() {
+            let mut bytes = 0usize;
+            let take = rest_entries
+                .get(start..)
+                .unwrap_or_default()
+                .iter()
+                .take_while(|e| {
+                    let before = bytes;
+                    bytes += e.map_or(0, |e| e.raw_len as usize);
+                    before == 0 || bytes <= ROUND_BYTES
+                })
+                .count()
+                .max(1);
+            let end = (start + take).min(rest.len());
+            let (Some(keys), Some(entries), Some(slice)) =
+                (rest_keys.get(start..end), rest_entries.get(start..end), rest.get(start..end))
+            else {
+                return Err(StoreError::invalid("get_batch_into", "a slice of the batch out of range"));
             };
-            *slot = self.frame_into(key, frame, decoding, buf, opts)?;
+            let found = self.frames(namespace, keys, entries, opts)?;
+            for (&(i, key), found) in slice.iter().zip(found) {
+                let (frame, decoding) = found.map_or((None, None), |f| (Some(f.frame), f.decoding));
+                if let Some(frame) = &frame {
+                    parts.hit(namespace, key, &frame.meta);
+                }
+                let (Some(buf), Some(slot)) = (bufs.get_mut(i), got.get_mut(i)) else {
+                    return Err(StoreError::invalid("get_batch_into", "a key without its buffer"));
+                };
+                *slot = self.frame_into(key, frame, decoding, buf, opts)?;
+            }
+            start = end;
         }
         Ok(got)
     }

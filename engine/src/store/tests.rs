@@ -394,6 +394,37 @@ fn get_batch_decodes_frames_as_they_arrive_and_a_damaged_one_is_a_counted_miss()
     assert_eq!(s.stats().read_errors, 4, "each bad frame counted once more, by the batch");
 }
 
+/// `get_batch_into` reads the compressed blocks of a batch larger than a round in slices, each
+/// decoded and copied out before the next is read: every key still gets its own bytes.
+#[test]
+fn get_batch_into_reads_more_compressed_blocks_than_a_round_holds() {
+    let dev = Arc::new(MemDevice::new(10 * (8 << 20)));
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: 8 << 20 };
+    let s = Store::create_on(dev, &create, StoreOptions::default()).unwrap();
+    s.set_policy("default", crate::Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
+    // Four distinct 4 MiB blocks under 20 keys: 80 MiB decoded, more than a round's 64 MiB.
+    let synths: Vec<_> = (0..4u64).map(|i| kvhoard_kernels::synth::Synth::new(4, 256, 8, 128, 90 + i)).collect();
+    let blocks: Vec<Vec<u8>> = synths.iter().map(|s| s.generate()).collect();
+    let spec = kvhoard_kernels::CodecSpec::parse("quant:bits=4").unwrap();
+    let keys: Vec<String> = (0..20).map(|i| format!("q{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let opts = PutOptions { desc: Some(synths[i % 4].desc.desc()), codec: Some(spec), ..synced() };
+        s.put("default", key, &blocks[i % 4], &opts).unwrap();
+    }
+    let want: Vec<Vec<u8>> =
+        (0..4).map(|i| s.get("default", &keys[i], ReadOptions::default()).unwrap().unwrap().to_vec()).collect();
+    let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut storage: Vec<Vec<u8>> = names.iter().map(|_| vec![0u8; 4 << 20]).collect();
+    let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+    let got = s.get_batch_into("default", &names, &mut bufs, ReadOptions::default()).unwrap();
+    for (i, g) in got.iter().enumerate() {
+        let (meta, n) = g.as_ref().unwrap_or_else(|| panic!("q{i} found"));
+        assert!(meta.stored_len < meta.raw_len, "q{i} stored compressed");
+        assert_eq!(n, &want[i % 4].len());
+        assert!(storage[i][..*n] == want[i % 4][..], "q{i}: its own block, decoded");
+    }
+}
+
 #[test]
 fn get_batch_asks_each_tier_once_per_key_across_rounds() {
     // 300 KB of DRAM holds none of these 900 KB records: every key is a DRAM miss, read from
