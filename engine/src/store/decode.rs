@@ -135,6 +135,21 @@ impl Parts {
         self.decoded_as(key, frame, dropped, decoding)
     }
 
+    /// `decoded`, with the frame's decoding when a batch already did it (`decode_frame`).
+    pub(super) fn decoded_given(
+        &self,
+        key: &str,
+        frame: Block,
+        decoding: Option<Decoding>,
+        opts: ReadOptions,
+        dropped: Dropped,
+    ) -> Result<Option<(Block, Positions)>> {
+        match decoding {
+            Some(decoding) if !frame.meta.compression.is_none() => self.decoded_as(key, frame, dropped, decoding),
+            _ => self.decoded(key, frame, opts, dropped),
+        }
+    }
+
     /// Decodes a compressed frame's payload and, with `verify_hash`, checks a lossless one
     /// against its blake3 name: the CPU's work of a get, which needs nothing but the bytes, so
     /// that a batch can do it on another thread as each read arrives.

@@ -176,16 +176,11 @@ impl Store {
             parts.metrics.count_get(None);
             return Ok(None);
         };
-        let compressed = !frame.meta.compression.is_none();
-        if compressed && decoding.is_none() {
+        if !frame.meta.compression.is_none() && decoding.is_none() {
             return self.decode_into(key, frame, buf, opts);
         }
         parts.metrics.gets.fetch_add(1, Ordering::Relaxed);
-        let decoded = match decoding {
-            Some(decoding) if compressed => parts.decoded_as(key, frame, Dropped::Refuse, decoding)?,
-            _ => parts.decoded(key, frame, opts, Dropped::Refuse)?,
-        };
-        let block = match decoded {
+        let block = match parts.decoded_given(key, frame, decoding, opts, Dropped::Refuse)? {
             Some((block, _)) => block,
             None => {
                 parts.metrics.count_get(None);
@@ -258,16 +253,12 @@ impl Parts {
         decoding: Option<Decoding>,
         opts: ReadOptions,
     ) -> Result<Option<Block>> {
-        let block = match (frame, decoding) {
-            (Some(frame), Some(decoding)) if !frame.meta.compression.is_none() => {
+        let block = match frame {
+            Some(frame) => {
                 self.hit(namespace, key, &frame.meta);
-                self.decoded_as(key, frame, Dropped::Refuse, decoding)?.map(|(b, _)| b)
+                self.decoded_given(key, frame, decoding, opts, Dropped::Refuse)?.map(|(b, _)| b)
             }
-            (Some(frame), _) => {
-                self.hit(namespace, key, &frame.meta);
-                self.decoded(key, frame, opts, Dropped::Refuse)?.map(|(b, _)| b)
-            }
-            (None, _) => None,
+            None => None,
         };
         self.metrics.count_get(block.as_ref().map(|b| b.len() as u64));
         Ok(block)

@@ -239,8 +239,9 @@ impl Store {
         while frames.len() < keys.len() {
             let first = frames.len();
             let mut sources = Vec::new();
-            // Each read's buffer, device offset and index entry.
-            let mut reads: Vec<(PooledBuf, u64, ContentEntry)> = Vec::new();
+            // Each read's buffer and device offset, and the index entry it is read for.
+            let mut reads: Vec<(PooledBuf, u64)> = Vec::new();
+            let mut entries_read: Vec<ContentEntry> = Vec::new();
             let mut round = 0usize;
             let skip_dram = std::mem::take(&mut first_not_in_dram);
             for (i, entry) in entries.get(first..).unwrap_or_default().iter().enumerate() {
@@ -258,7 +259,8 @@ impl Store {
                                     break;
                                 }
                                 round += len;
-                                reads.push((parts.pool.get(len), parts.record_offset(e), *e));
+                                reads.push((parts.pool.get(len), parts.record_offset(e)));
+                                entries_read.push(*e);
                                 Source::Record(Record::Read(reads.len() - 1))
                             }
                         },
@@ -266,12 +268,11 @@ impl Store {
                 };
                 sources.push(source);
             }
-            let entries_read: Vec<ContentEntry> = reads.iter().map(|r| r.2).collect();
             let mut arrived: Vec<Option<Arrived>> = {
-                let all: Vec<(&mut [u8], u64)> = reads.iter_mut().map(|(b, at, _)| (&mut b[..], *at)).collect();
+                let all: Vec<(&mut [u8], u64)> = reads.iter_mut().map(|(b, at)| (&mut b[..], *at)).collect();
                 parts.read_arriving(all, &entries_read, opts)?
             };
-            let mut bufs: Vec<Option<PooledBuf>> = reads.into_iter().map(|(b, _, _)| Some(b)).collect();
+            let mut bufs: Vec<Option<PooledBuf>> = reads.into_iter().map(|(b, _)| Some(b)).collect();
             for (i, source) in sources.into_iter().enumerate() {
                 let (Some(key), Some(entry)) = (keys.get(first + i), entries.get(first + i)) else {
                     return Err(StoreError::invalid("get_batch", "a read without a key"));
