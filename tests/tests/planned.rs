@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kvhoard_engine::device::MemDevice;
+use kvhoard_engine::placement::load_model::LoadModel;
 use kvhoard_engine::placement::planner::{PlannerConfig, StoreOption};
-use kvhoard_engine::placement::{Planned, PlannedConfig};
+use kvhoard_engine::placement::{Placement, Planned, PlannedConfig};
 use kvhoard_engine::{
     Clock, CodecSpec, CreateOptions, Durability, Policy, PutOptions, ReadOptions, Store, StoreOptions,
 };
@@ -47,7 +48,7 @@ fn ratio(spec: Option<CodecSpec>) -> f64 {
     (stored.div_ceil(4096) + 1) as f64 * 4096.0 / raw.len() as f64
 }
 
-fn planned(clock: Clock) -> Arc<Planned> {
+fn planned(clock: Clock, loads: LoadModel) -> Arc<Planned> {
     let option = |spec, delay_s, lossy| StoreOption { ratio: ratio(spec), delay_s, lossy };
     let config = PlannedConfig {
         planner: PlannerConfig {
@@ -64,6 +65,7 @@ fn planned(clock: Clock) -> Arc<Planned> {
         },
         codecs: vec![None, Some(CodecSpec::lossless(1)), Some(q(8)), Some(q(4))],
         quality: vec![1.0, 1.0, 0.99, 0.9, 1.0],
+        loads,
     };
     Arc::new(Planned::new(config, clock).unwrap())
 }
@@ -72,7 +74,7 @@ fn planned(clock: Clock) -> Arc<Planned> {
 fn planned_store() -> (Arc<AtomicU64>, Arc<Planned>, Store) {
     let now = Arc::new(AtomicU64::new(1_700_000_000_000));
     let clock = Clock::manual(Arc::clone(&now));
-    let planner = planned(clock.clone());
+    let planner = planned(clock.clone(), LoadModel::default());
     let dev = Arc::new(MemDevice::new(SEG * (SEGMENTS + 3)));
     let opts = StoreOptions { placement: planner.clone(), clock, ..StoreOptions::default() };
     let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
@@ -173,4 +175,46 @@ fn a_quality_report_reaches_the_planner_with_the_namespaces_drift() {
     assert!(store.report_quality("lossy", Some(9), "k", 0.5).unwrap());
     assert!(!store.report_quality("lossy", Some(10), "k", 0.5).unwrap(), "a context the planner never saw");
     assert!(store.report_quality("lossy", Some(9), "k", 1.5).is_err(), "a quality out of range is refused");
+}
+
+#[test]
+fn the_planners_delays_follow_what_the_stores_loads_take() {
+    // Delays for blocks of 1 GiB, decoded in 1 ms: far from the configured ones at any speed a
+    // machine reads memory, so a change is the store's measurement, not a coincidence.
+    let loads = LoadModel { block_bytes: 1 << 30, decode_s: vec![0.0, 0.001, 0.001, 0.001] };
+    let planner = planned(Clock::default(), loads);
+    let dev = Arc::new(MemDevice::new(SEG * 64));
+    // No DRAM tier: every load is the log's.
+    let opts = StoreOptions { placement: planner.clone(), dram_tier_bytes: 0, ..StoreOptions::default() };
+    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    let delays = || planner.plan_view(0).unwrap().options.iter().map(|o| o.delay_s).collect::<Vec<_>>();
+    let configured = delays();
+    let key = |i: u32| format!("k{i}");
+    let block = |i: u32| i.to_le_bytes().repeat(256);
+    let put = |i: u32| store.put("n", &key(i), &block(i), &PutOptions::default()).unwrap();
+    // Maintenance runs every 1024 puts, where a put asks for its codec.
+    for i in 0..1024 {
+        put(i);
+    }
+    // Loads from the log: one at a time, and a batch (whose reads count as one call).
+    for i in 0..16 {
+        assert_eq!(store.get("n", &key(i), ReadOptions::default()).unwrap().unwrap()[..], block(i)[..]);
+    }
+    let keys: Vec<String> = (16..64).map(key).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let got = store.get_batch("n", &keys, ReadOptions::default()).unwrap();
+    assert!(got.iter().all(Option::is_some));
+    assert_eq!(delays(), configured, "nothing follows before maintenance");
+    put(5000);
+    let followed = delays();
+    let ratios: Vec<f64> = planner.plan_view(0).unwrap().options.iter().map(|o| o.ratio).collect();
+    assert_ne!(followed[0], configured[0], "{followed:?}");
+    assert!(followed[0].is_finite() && followed[0] > 0.0, "{followed:?}");
+    // One log speed for every form: each option's read is its ratio of the raw one's, plus its
+    // decoding (no block of a codec was read, so as configured).
+    for k in 1..4 {
+        let read = followed[k] - 0.001;
+        assert!((read / followed[0] - ratios[k] / ratios[0]).abs() < 1e-6, "option {k}: {followed:?} {ratios:?}");
+    }
+    assert_eq!(followed[4], configured[4], "recomputing stays as configured");
 }

@@ -550,6 +550,7 @@ fn a_planners_view_is_served_as_json() {
                 },
                 codecs: vec![None, Some(kvhoard_engine::CodecSpec::lossless(1))],
                 quality: vec![1.0, 1.0, 1.0],
+                loads: kvhoard_engine::placement::load_model::LoadModel::default(),
             },
             kvhoard_engine::Clock::default(),
         )

@@ -59,6 +59,13 @@ pub struct ContentEntry {
     pub codec: u8,
 }
 
+impl ContentEntry {
+    /// Bytes its record occupies on the device.
+    pub fn record_bytes(&self) -> u64 {
+        u64::from(self.units) * kvhoard_format::UNIT_BYTES
+    }
+}
+
 /// Counters of one namespace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NsCounters {
@@ -159,7 +166,7 @@ impl Index {
             let t: &mut (u64, u64, u64) = totals.entry(c.codec).or_default();
             t.0 += 1;
             t.1 += u64::from(c.raw_len);
-            t.2 += u64::from(c.units) * kvhoard_format::UNIT_BYTES;
+            t.2 += c.record_bytes();
         }
         totals
     }
@@ -339,7 +346,7 @@ impl Index {
         if let Some(n) = self.counters.get_mut(usize::from(entry.ns)) {
             n.blocks += 1;
             n.unique_bytes += u64::from(entry.raw_len);
-            n.stored_bytes += u64::from(entry.units) * kvhoard_format::UNIT_BYTES;
+            n.stored_bytes += entry.record_bytes();
         }
         // A new block has no references yet; mark the slot used so content() finds it once a
         // key refers to it.
@@ -374,7 +381,7 @@ impl Index {
         if let Some(n) = self.counters.get_mut(usize::from(entry.ns)) {
             n.blocks -= 1;
             n.unique_bytes -= u64::from(entry.raw_len);
-            n.stored_bytes -= u64::from(entry.units) * kvhoard_format::UNIT_BYTES;
+            n.stored_bytes -= entry.record_bytes();
         }
         if let Some(c) = self.contents.get_mut(slot as usize) {
             c.refs = 0;

@@ -25,6 +25,7 @@
 mod cost_benefit;
 mod fifo;
 pub mod group_ttl;
+pub mod load_model;
 mod lru;
 mod planned;
 pub mod planner;
@@ -34,10 +35,13 @@ pub use fifo::Fifo;
 pub use lru::Lru;
 pub use planned::{Planned, PlannedConfig};
 
+use std::sync::Arc;
+
 use kvhoard_kernels::CodecSpec;
 
 use crate::index::{group_fp, key_fp, KeyId};
 use crate::policy::Policy;
+use crate::tier::LoadSpeeds;
 
 /// The context a block belongs to: its group in its namespace when the client named one, else
 /// the block alone (its key). 64 bits of a fingerprint of either.
@@ -229,5 +233,12 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     fn codec_at_put(&self, block: &BlockInfo<'_>) -> Option<CodecSpec> {
         let _ = block;
         None
+    }
+
+    /// The store opening over this placement counts its loads in `speeds` (the log's reads, the
+    /// DRAM tier's hits, each codec's decoding), for a placement that weighs what loads cost.
+    /// Told at every open; the last one told is the store in use.
+    fn measure_with(&self, speeds: Arc<LoadSpeeds>) {
+        let _ = speeds;
     }
 }

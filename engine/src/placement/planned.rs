@@ -17,6 +17,9 @@
 //!   changes reaches its new form segment by segment, as cleaning comes to its blocks.
 //! - **Quality.** Each option's quality for a context is the profile a client set for it
 //!   ([`Planned::set_profile`]), else the configuration's estimate for the codec.
+//! - **Delays.** With a [`LoadModel`], each kept option's delay follows the load speeds the store
+//!   measures (the log's reads, the DRAM tier's share, each codec's decoding), checked with the
+//!   ratios; see [`super::load_model`].
 //!
 //! What the planner knows lives in memory (about 150 bytes per context: the context, its
 //! profile when one is set, and its place in the heap), at most [`MAX_CONTEXTS`] of them: past
@@ -27,20 +30,22 @@
 //! [`Lru`].
 //!
 //! Work: an access costs O(options + log contexts) plus, at a put over budget, the steps the
-//! rebalance takes. Every [`RATIO_CHECK_EVERY`] puts, maintenance (ratios, forgetting) may rescore
+//! rebalance takes. Every [`RATIO_CHECK_EVERY`] puts, maintenance (ratios, delays, forgetting) may rescore
 //! every context, O(contexts): it runs where a put asks for its codec or a cleaner for a
 //! block's fate, never under the log lock.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvhoard_kernels::CodecSpec;
 
+use super::load_model::{LoadModel, SPEED_MIN_LOADS};
 use super::planner::{ContextUse, Planner, PlannerConfig};
 use super::{BlockInfo, Keep, LiveBlock, Lru, OptionView, Placement, PlacementReport, PlanView, PutPlan, SegmentView};
 use crate::clock::Clock;
 use crate::error::{Result, StoreError};
+use crate::tier::{LoadSpeeds, SpeedTotals};
 
 /// A planned volume's options: the planner's configuration and the codec of each option.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +56,9 @@ pub struct PlannedConfig {
     pub codecs: Vec<Option<CodecSpec>>,
     /// The quality of each option for a context no profile was set for (1 for lossless ones).
     pub quality: Vec<f64>,
+    /// What the options' delays are made of, so that they follow the store's measured speeds
+    /// (its default keeps them as given).
+    pub loads: LoadModel,
 }
 
 #[derive(Debug)]
@@ -67,6 +75,11 @@ struct State {
     observed: Vec<(u64, u64, u64)>,
     /// Puts since the ratios were last compared with what was stored.
     puts_since_check: u64,
+    /// The load speeds of the store open over this placement, and their totals when the delays
+    /// last followed them.
+    speeds: Option<(Arc<LoadSpeeds>, SpeedTotals)>,
+    /// Per kept option: seconds to decode a block, as last measured (at first, as configured).
+    decode_s: Vec<f64>,
 }
 
 /// Puts between two comparisons of the options' ratios with the records stored.
@@ -84,6 +97,7 @@ pub struct Planned {
     state: Mutex<State>,
     codecs: Vec<Option<CodecSpec>>,
     quality: Vec<f64>,
+    loads: LoadModel,
     lru: Lru,
     clock: Clock,
 }
@@ -116,6 +130,13 @@ impl Planned {
                 ),
             ));
         }
+        if let Some(why) = config.loads.misfit(config.codecs.len()) {
+            return Err(StoreError::invalid("planner", why));
+        }
+        let decode_s = match config.loads.block_bytes {
+            0 => vec![0.0; config.codecs.len()],
+            _ => config.loads.decode_s.clone(),
+        };
         let state = State {
             planner: Planner::new(config.planner),
             last_access: HashMap::new(),
@@ -123,11 +144,14 @@ impl Planned {
             cpu: Duration::ZERO,
             observed: vec![(0, 0, 0); config.codecs.len()],
             puts_since_check: 0,
+            speeds: None,
+            decode_s,
         };
         Ok(Planned {
             state: Mutex::new(state),
             codecs: config.codecs,
             quality: config.quality,
+            loads: config.loads,
             lru: Lru::new(clock.clone()),
             clock,
         })
@@ -256,8 +280,8 @@ impl Planned {
 
     /// Every [`RATIO_CHECK_EVERY`] puts: replaces an option's ratio that is off by more than
     /// [`RATIO_TOLERANCE`] by the one measured, so that the planner's byte count follows what the
-    /// volume holds, and past [`MAX_CONTEXTS`] forgets the dropped contexts. Each rescores every
-    /// context, O(contexts).
+    /// volume holds, lets the delays follow the store's load speeds, and past [`MAX_CONTEXTS`]
+    /// forgets the dropped contexts. Each rescores every context, O(contexts).
     fn maintain(&self) {
         let started = Instant::now();
         let mut state = self.lock();
@@ -285,7 +309,27 @@ impl Planned {
             }
             *o = (0, 0, 0);
         }
+        self.follow_speeds(state);
         state.cpu += started.elapsed();
+    }
+
+    /// The options' delays follow the store's load speeds since they last did
+    /// ([`LoadModel::follow`]); a window with too few loads is left to grow.
+    fn follow_speeds(&self, state: &mut State) {
+        let Some((speeds, seen)) = &state.speeds else { return };
+        let now = speeds.totals();
+        let window = now.since(seen);
+        if window.log.blocks < SPEED_MIN_LOADS {
+            return;
+        }
+        let changed = self.loads.follow(&window, &state.planner.config().options, &self.codecs, &mut state.decode_s);
+        if !changed.is_empty() {
+            tracing::debug!(?changed, "planner: load delays follow the speeds measured");
+            state.planner.set_delays(&changed);
+        }
+        if let Some((_, seen)) = state.speeds.as_mut() {
+            *seen = now;
+        }
     }
 }
 
@@ -368,6 +412,11 @@ impl Placement for Planned {
         true
     }
 
+    fn measure_with(&self, speeds: Arc<LoadSpeeds>) {
+        let seen = speeds.totals();
+        self.lock().speeds = Some((speeds, seen));
+    }
+
     fn keep(&self, block: &LiveBlock<'_>) -> Keep {
         self.maintain();
         let started = Instant::now();
@@ -420,6 +469,7 @@ mod tests {
             },
             codecs: vec![None, Some(q8)],
             quality: vec![1.0, 0.98, 1.0],
+            loads: LoadModel { block_bytes: 100, decode_s: vec![0.0, 0.001] },
         };
         let now = Arc::new(AtomicU64::new(1_000));
         (Planned::new(config, Clock::manual(Arc::clone(&now))).unwrap(), now)
@@ -516,6 +566,7 @@ mod tests {
             },
             codecs: vec![None],
             quality: vec![1.0, 1.0],
+            loads: LoadModel::default(),
         };
         assert!(Planned::new(base(), Clock::default()).is_ok());
         let mut c = base();
@@ -530,6 +581,38 @@ mod tests {
         let mut c = base();
         c.planner.options[0].ratio = f64::NAN;
         assert!(Planned::new(c, Clock::default()).is_err(), "a ratio that is not a number");
+        let mut c = base();
+        c.loads = LoadModel { block_bytes: 1 << 20, decode_s: vec![0.0, 0.0] };
+        assert!(Planned::new(c, Clock::default()).is_err(), "a decoding time too many");
+    }
+
+    #[test]
+    fn delays_follow_the_speeds_the_store_measures() {
+        let (p, now) = planned(u64::MAX);
+        let delays = |p: &Planned| p.lock().planner.config().options.iter().map(|o| o.delay_s).collect::<Vec<_>>();
+        let speeds = Arc::new(LoadSpeeds::new(1));
+        // Loads before the store told its speeds are not this window's.
+        speeds.log_read(1000, 1, Duration::from_secs(1));
+        p.measure_with(Arc::clone(&speeds));
+        // 64 loads of 100-byte records at 1 MB/s (100 µs each); quant decoded at 1 MB/s.
+        for _ in 0..64 {
+            speeds.log_read(1, 100, Duration::from_micros(100));
+        }
+        for _ in 0..SPEED_MIN_LOADS {
+            speeds.decoded(CodecSpec::quant(8, 32, 0), 100, Duration::from_micros(100));
+        }
+        assert_eq!(delays(&p), vec![0.011, 0.008, 0.1], "until maintenance runs, as configured");
+        for c in 0..RATIO_CHECK_EVERY {
+            now.store(1_000 + c, Ordering::Relaxed);
+            p.on_put(&BlockInfo { record_bytes: 100, ..info(c) });
+        }
+        p.codec_at_put(&info(0));
+        let got = delays(&p);
+        assert!((got[0] - 100e-6).abs() < 1e-9, "{got:?}");
+        // Half the bytes to read, then 100 µs of decoding.
+        assert!((got[1] - 150e-6).abs() < 1e-9, "{got:?}");
+        assert_eq!(got[2], 0.1, "recomputing is the client's cost: as configured");
+        assert!(p.plan_view(1).unwrap().options[1].delay_s < 0.001, "kvhoard plan shows what is weighed");
     }
 
     #[test]

@@ -482,6 +482,20 @@ impl Planner {
         }
     }
 
+    /// Loading a block kept with each listed option takes the delay given (measured as the
+    /// store serves): every step is scored again, O(contexts). "Dropped" and nonsense delays are
+    /// not taken.
+    pub fn set_delays(&mut self, delays: &[(usize, f64)]) {
+        let dropped = self.dropped();
+        for &(option, delay) in delays {
+            match self.config.options.get_mut(option) {
+                Some(o) if option != dropped && delay.is_finite() && delay >= 0.0 => o.delay_s = delay,
+                _ => {}
+            }
+        }
+        self.rebuild_heap();
+    }
+
     /// Stored bytes ÷ raw bytes of `option` is `ratio` (measured on what was stored): every
     /// context's bytes are counted again and every step scored again, O(contexts).
     pub fn set_ratio(&mut self, option: usize, ratio: f64) {

@@ -5,6 +5,7 @@
 //! (`recompress`, which rewrites a live block under another codec, is in `recode.rs`.)
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use kvhoard_format::record::{validate_key, validate_namespace};
 use kvhoard_format::{BlockDesc, CompressionMeta};
@@ -88,7 +89,10 @@ impl Store {
         };
         let got = buf.len() as u64;
         let out = buf.get_mut(..needed).ok_or(StoreError::BufferTooSmall { needed: needed as u64, got })?;
-        match parts.codecs.decode_into(&meta.desc, meta.raw_len, &meta.compression, &frame, out) {
+        let started = Instant::now();
+        let decoded = parts.codecs.decode_into(&meta.desc, meta.raw_len, &meta.compression, &frame, out);
+        parts.decode_took(&meta.desc, meta.raw_len, &meta.compression, started.elapsed());
+        match decoded {
             Ok((len, positions, lossless)) => {
                 if !matches!(positions, Positions::All) {
                     let codec = spec_of(&meta.desc, meta.raw_len, &meta.compression)
@@ -162,12 +166,21 @@ impl Parts {
         payload: &[u8],
         opts: ReadOptions,
     ) -> Decoding {
+        let started = Instant::now();
         let result = self.codecs.decode(desc, raw_len, compression, payload, &self.pool);
+        self.decode_took(desc, raw_len, compression, started.elapsed());
         let name_matches = match &result {
             Ok(d) if opts.verify_hash && d.lossless => blake3::hash(&d.bytes).as_bytes() == content_hash,
             _ => true,
         };
         Decoding { result, name_matches }
+    }
+
+    /// Counts a get's decoding of a block stored as `compression` says, for placement.
+    fn decode_took(&self, desc: &BlockDesc, raw_len: u64, compression: &CompressionMeta, took: Duration) {
+        if let Some(spec) = spec_of(desc, raw_len, compression) {
+            self.tiers.speeds.decoded(spec, raw_len, took);
+        }
     }
 
     /// `decoded` of a compressed frame whose decoding was already done (`decode_frame`).

@@ -145,6 +145,7 @@ impl Store {
                 let started = Instant::now();
                 parts.log.dev.read_many(&mut plan.reads(buf))?;
                 let load_time = started.elapsed();
+                parts.tiers.speeds.log_read(1, entry.record_bytes(), load_time);
                 let sums = PayloadSums::of(plan.body(buf), opts.verify_hash);
                 if let Some((meta, len)) = parts.finish_direct(&entry, plan, buf, sums, opts, load_time) {
                     parts.direct_hit(namespace, key, &meta, len);
@@ -347,6 +348,7 @@ impl Parts {
             None => {
                 let mut buf = self.pool.get(entry.units as usize * UNIT_BYTES as usize);
                 self.log.dev.read_at(&mut buf, self.record_offset(entry))?;
+                self.tiers.speeds.log_read(1, entry.record_bytes(), started.elapsed());
                 Bytes::Owned(buf)
             }
         };

@@ -148,6 +148,10 @@ impl Store {
             })?;
         }
         let load_time = started.elapsed();
+        let direct: Vec<&ContentEntry> =
+            plans.iter().zip(&entries).filter_map(|(plan, e)| plan.as_ref().and(e.as_ref())).collect();
+        let bytes = direct.iter().map(|e| e.record_bytes()).sum();
+        parts.tiers.speeds.log_read(direct.len() as u64, bytes, load_time);
         let mut got: Vec<Option<(BlockMeta, usize)>> = Vec::with_capacity(keys.len());
         // The keys not read straight into their buffers: (position, key).
         let mut rest: Vec<(usize, &str)> = Vec::new();
@@ -376,8 +380,13 @@ impl Parts {
                 *slot = Some(Arrived::of(self, entry, bytes, opts, t));
             }
         };
+        let counted = |took: Duration| {
+            let bytes = entries.iter().map(ContentEntry::record_bytes).sum();
+            self.tiers.speeds.log_read(entries.len() as u64, bytes, took);
+        };
         if workers == 0 {
             self.log.dev.read_many_each(reads, &mut |r, bytes| here(&mut arrived, r, bytes, started.elapsed()))?;
+            counted(started.elapsed());
             return Ok(arrived);
         }
         let (tx, rx) = std::sync::mpsc::channel::<(usize, &mut [u8], Duration)>();
@@ -413,6 +422,9 @@ impl Parts {
                     here(&mut arrived, r, bytes, t);
                 }
             });
+            if read.is_ok() {
+                counted(started.elapsed());
+            }
             drop(tx);
             // Every worker joined before any error is returned: one left unjoined after a panic
             // would make the scope panic.

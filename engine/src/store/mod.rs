@@ -188,10 +188,11 @@ impl Store {
             recovered.next_seq,
             recovered.next_checkpoint_seq,
         );
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let parts = Arc::new(Parts {
             log: Arc::new(Log::new(dev, sb, state, opts.clock.clone())),
             index: RwLock::new(recovered.index),
-            tiers: Tiers::new(opts.dram_tier_bytes),
+            tiers: Tiers::new(opts.dram_tier_bytes, cores),
             checkpoints: Arc::new(Checkpoints::new(checkpoint_store, recovered.checkpoint_covers)),
             pins: Pins::default(),
             placement: Arc::clone(&opts.placement),
@@ -202,13 +203,14 @@ impl Store {
             ttls: Arc::default(),
             metrics: Metrics::default(),
             clock: opts.clock.clone(),
-            cores: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            cores,
             recovery: recovered.report,
             closed: AtomicBool::new(false),
             handoff: Arc::new(crate::writer::Handoff::new(opts.writer.in_flight_bytes)),
             lock: Mutex::new(lock),
             opts,
         });
+        parts.placement.measure_with(Arc::clone(&parts.tiers.speeds));
         let writer = submit::spawn_writer(&parts)?;
         let (jobs, checkpointer) =
             checkpoint::spawn_background(Arc::downgrade(&parts.log), Arc::downgrade(&parts.checkpoints))?;

@@ -1,6 +1,7 @@
 //! The `stats()` snapshot: what every layer counts, in one structure.
 
 use crate::placement::PlacementReport;
+use crate::tier::SpeedReport;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvhoard_format::UNIT_BYTES;
@@ -135,6 +136,9 @@ pub struct Stats {
     pub poisoned: Option<String>,
     /// What placement says of itself (a planner: its contexts, bytes and budget).
     pub placement: PlacementReport,
+    /// How fast gets loaded and decoded blocks since the volume opened (what a planner's delays
+    /// follow).
+    pub load_speeds: SpeedReport,
 }
 
 impl Store {
@@ -253,6 +257,7 @@ impl Store {
             tiers,
             poisoned,
             placement: parts.placement.report(),
+            load_speeds: parts.tiers.speeds.totals().report(),
         }
     }
 }

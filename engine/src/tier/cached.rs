@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use kvhoard_format::record::RecordHeader;
 
-use super::{DramTier, LatencyHistogram, TierCounters};
+use super::{DramTier, LatencyHistogram, LoadSpeeds, TierCounters};
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::index::{ContentEntry, ContentFp};
@@ -55,16 +55,20 @@ pub(crate) struct Tiers {
     pub(crate) ssd: TierCounters,
     /// Load latency of reads from the log.
     pub(crate) ssd_latency: LatencyHistogram,
+    /// Load speeds, for placement.
+    pub(crate) speeds: Arc<LoadSpeeds>,
 }
 
 impl Tiers {
-    /// The tiers of a store with a DRAM tier of `dram_bytes` (none if 0).
-    pub(crate) fn new(dram_bytes: u64) -> Tiers {
+    /// The tiers of a store with a DRAM tier of `dram_bytes` (none if 0), whose batches decode
+    /// on `cores` cores.
+    pub(crate) fn new(dram_bytes: u64, cores: usize) -> Tiers {
         Tiers {
             dram: (dram_bytes > 0).then(|| DramTier::new(dram_bytes)),
             dram_latency: LatencyHistogram::default(),
             ssd: TierCounters::default(),
             ssd_latency: LatencyHistogram::default(),
+            speeds: Arc::new(LoadSpeeds::new(cores)),
         }
     }
 
@@ -103,6 +107,7 @@ impl Tiers {
         }
         dram.counters.hit_bytes.fetch_add(block.len() as u64, Ordering::Relaxed);
         self.dram_latency.record(u64::from(entry.fp[0]), started.elapsed());
+        self.speeds.dram_hit();
         DramRead::Hit(block)
     }
 

@@ -1,5 +1,6 @@
 //! Tiers above and beside the log: the DRAM tier (a bounded cache of blocks in memory, above the
-//! log) and what every tier reports (hits, misses, bytes, a load-latency histogram).
+//! log), what every tier reports (hits, misses, bytes, a load-latency histogram), and the load
+//! speeds placement weighs (`speed`).
 //!
 //! The log on the device is the source of truth. The DRAM tier only ever holds copies of records
 //! that are on the log (or on their way to it), so evicting from DRAM loses nothing, and a cached
@@ -11,10 +12,12 @@ mod cached;
 mod dram;
 mod latency;
 mod lru;
+mod speed;
 
 pub(crate) use cached::{DramRead, Tiers};
 pub use dram::{DramTier, TierCounters};
 pub use latency::{LatencyHistogram, LatencySummary};
+pub use speed::{DecodeReport, LoadSpeeds, Rate, SpeedReport, SpeedTotals};
 
 /// What one tier reports in [`crate::Stats`].
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]

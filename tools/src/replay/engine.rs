@@ -56,7 +56,8 @@ impl EngineCache {
             Some(alpha) => {
                 let capacity = u64::from(segments) * create.segment_size_bytes;
                 let (config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
-                let planned = planning::planned(config, &estimates, facts, Clock::manual(Arc::clone(&clock)))?;
+                let costs = super::costs_of(s);
+                let planned = planning::planned(config, &estimates, facts, &costs, Clock::manual(Arc::clone(&clock)))?;
                 Some((Arc::new(planned), estimates))
             }
             None => None,

@@ -204,15 +204,19 @@ fn progress(len: u64, show: bool, what: &str) -> ProgressBar {
     bar
 }
 
-/// The planner's options for `facts` under this setup's costs (see `planning`).
-pub fn planner_for(s: &Setup, alpha: f64, facts: &[CodecFacts], budget_bytes: u64) -> (PlannerConfig, Vec<Vec<f64>>) {
-    let costs = Costs {
+/// What loading and recomputing a block cost under this setup.
+pub fn costs_of(s: &Setup) -> Costs {
+    Costs {
         raw_block: s.raw_block,
         ssd_bps: s.bandwidths.ssd_bps,
         decode_cores: s.bandwidths.decode_cores,
         recompute_s: s.gpu.prefill_s(&s.model, trace::BLOCK_TOKENS),
-    };
-    planning::planner_config(alpha, facts, &costs, budget_bytes)
+    }
+}
+
+/// The planner's options for `facts` under this setup's costs (see `planning`).
+pub fn planner_for(s: &Setup, alpha: f64, facts: &[CodecFacts], budget_bytes: u64) -> (PlannerConfig, Vec<Vec<f64>>) {
+    planning::planner_config(alpha, facts, &costs_of(s), budget_bytes)
 }
 
 /// The simulator for `policy` with `tiers`.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::bail;
+use kvhoard_engine::placement::load_model::LoadModel;
 use kvhoard_engine::placement::planner::{PlannerConfig, StoreOption};
 use kvhoard_engine::placement::{Placement, Planned, PlannedConfig};
 use kvhoard_engine::{Clock, CodecSpec, Store};
@@ -41,6 +42,17 @@ pub struct Costs {
 }
 
 impl Costs {
+    /// Seconds to decode one block stored as `facts` says, on the cores a batch decodes on.
+    pub fn decode_s(&self, facts: &CodecFacts) -> f64 {
+        self.raw_block as f64 / (facts.decode_bps * self.decode_cores.max(1.0))
+    }
+
+    /// What the delays of [`planner_config`]'s options for `facts` are made of, so that a
+    /// store's planner follows the speeds it measures from there.
+    pub fn load_model(&self, facts: &[CodecFacts]) -> LoadModel {
+        LoadModel { block_bytes: self.raw_block, decode_s: facts.iter().map(|f| self.decode_s(f)).collect() }
+    }
+
     /// A served model's blocks ([`BLOCK_TOKENS`] tokens of `model`), recomputed on `gpu`.
     pub fn serving(model: &Profile, gpu: &Gpu, ssd_bps: f64) -> Costs {
         Costs {
@@ -65,10 +77,9 @@ pub fn planner_config(
         .iter()
         .map(|f| {
             let stored = costs.raw_block as f64 * f.ratio;
-            let decode = costs.raw_block as f64 / (f.decode_bps * costs.decode_cores.max(1.0));
             StoreOption {
                 ratio: f.ratio,
-                delay_s: stored / costs.ssd_bps + decode,
+                delay_s: stored / costs.ssd_bps + costs.decode_s(f),
                 lossy: f.spec.is_some_and(|c| c.is_lossy()),
             }
         })
@@ -79,12 +90,14 @@ pub fn planner_config(
     (PlannerConfig { alpha, half_life_ms: PLANNER_HALF_LIFE_MS, budget_bytes, options }, estimates)
 }
 
-/// The engine's planned placement over `config`: each option's codec from `facts`, and for
-/// contexts without a profile the mean of the `estimates` over sensitivity levels.
+/// The engine's planned placement over `config`: each option's codec from `facts`, for
+/// contexts without a profile the mean of the `estimates` over sensitivity levels, and delays
+/// that follow the store's measured speeds from what `costs` made them.
 pub fn planned(
     config: PlannerConfig,
     estimates: &[Vec<f64>],
     facts: &[CodecFacts],
+    costs: &Costs,
     clock: Clock,
 ) -> anyhow::Result<Planned> {
     let levels = estimates.len().max(1) as f64;
@@ -92,7 +105,8 @@ pub fn planned(
         .map(|o| estimates.iter().map(|e| e.get(o).copied().unwrap_or(1.0)).sum::<f64>() / levels)
         .collect();
     let codecs = facts.iter().map(|f| f.spec).collect();
-    Ok(Planned::new(PlannedConfig { planner: config, codecs, quality }, clock)?)
+    let loads = costs.load_model(facts);
+    Ok(Planned::new(PlannedConfig { planner: config, codecs, quality, loads }, clock)?)
 }
 
 /// Raw, then the planner's codecs, measured on this machine.
@@ -166,7 +180,7 @@ impl Placed {
                 let costs = Costs::serving(&PROFILES[0], &Gpu::default(), ssd_gbps * 1e9);
                 // The budget is the volume's, known once it is open.
                 let (config, estimates) = planner_config(alpha, &facts, &costs, u64::MAX);
-                let planned = Arc::new(planned(config, &estimates, &facts, clock)?);
+                let planned = Arc::new(planned(config, &estimates, &facts, &costs, clock)?);
                 Placed { placement: Arc::clone(&planned) as Arc<dyn Placement>, planned: Some(planned) }
             }
         })
