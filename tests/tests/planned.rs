@@ -62,6 +62,7 @@ fn planned(clock: Clock, loads: LoadModel) -> Arc<Planned> {
                 option(Some(q(4)), 0.004, true),
                 StoreOption { ratio: 0.0, delay_s: 0.017, lossy: false },
             ],
+            dram: kvhoard_engine::placement::planner::DramChoice::default(),
         },
         codecs: vec![None, Some(CodecSpec::lossless(1)), Some(q(8)), Some(q(4))],
         quality: vec![1.0, 1.0, 0.99, 0.9, 1.0],

@@ -547,6 +547,7 @@ fn a_planners_view_is_served_as_json() {
                     half_life_ms: 600_000,
                     budget_bytes: 128 << 20,
                     options: vec![option(1.0, 0.01, false), option(0.7, 0.009, false), option(0.0, 0.017, false)],
+                    dram: kvhoard_engine::placement::planner::DramChoice::default(),
                 },
                 codecs: vec![None, Some(kvhoard_engine::CodecSpec::lossless(1))],
                 quality: vec![1.0, 1.0, 1.0],

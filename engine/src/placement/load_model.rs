@@ -21,7 +21,7 @@
 
 use kvhoard_kernels::CodecSpec;
 
-use super::planner::StoreOption;
+use super::planner::PlannerConfig;
 use crate::tier::SpeedTotals;
 
 /// Loads a window needs before the delays follow it.
@@ -57,35 +57,43 @@ impl LoadModel {
         None
     }
 
-    /// The delays that `window`'s speeds give the kept options whose `codecs` are listed (raw
-    /// first), given their `options` now: `(option, delay)` for each one off by more than
+    /// The delays that `window`'s speeds give the kept options of `config` whose `codecs` are
+    /// listed (raw first): `(option, on the log, held in memory)` for each one off by more than
     /// [`DELAY_TOLERANCE`]. `decode_s` holds each kept option's decoding time as last known and
     /// takes the window's where it measured one. Nothing when the model is off or the window
     /// saw fewer than [`SPEED_MIN_LOADS`] loads from the log.
+    ///
+    /// Where the planner decides what the DRAM tier holds ([`PlannerConfig::dram_choice`]), a
+    /// load from the log is weighed as one and a load from memory keeps its configured copy
+    /// time (only its decoding follows); otherwise the DRAM tier's share of loads costs no read.
     pub fn follow(
         &self,
         window: &SpeedTotals,
-        options: &[StoreOption],
+        config: &PlannerConfig,
         codecs: &[Option<CodecSpec>],
         decode_s: &mut [f64],
-    ) -> Vec<(usize, f64)> {
+    ) -> Vec<(usize, f64, f64)> {
         let block = self.block_bytes as f64;
         let log_bps = window.log.bytes_per_s().filter(|_| window.log.blocks >= SPEED_MIN_LOADS);
         let Some(log_bps) = log_bps.filter(|_| block > 0.0) else { return Vec::new() };
         let cores = window.cores.max(1) as f64;
-        let misses = 1.0 - window.dram_share();
+        let misses = if config.dram_choice() { 1.0 } else { 1.0 - window.dram_share() };
+        let off = |now: f64, was: f64| was <= 0.0 || (now / was - 1.0).abs() > DELAY_TOLERANCE;
         let mut changed = Vec::new();
         for (k, (codec, decode)) in codecs.iter().zip(decode_s.iter_mut()).enumerate() {
+            let before = *decode;
             if let Some(spec) = codec {
                 let r = window.decoding(spec);
                 if let Some(bps) = r.bytes_per_s().filter(|_| r.blocks >= SPEED_MIN_DECODES) {
                     *decode = block / (bps * cores);
                 }
             }
-            let Some(o) = options.get(k) else { continue };
+            let Some(o) = config.options.get(k) else { continue };
             let delay = o.ratio * block * misses / log_bps + *decode;
-            if o.delay_s <= 0.0 || (delay / o.delay_s - 1.0).abs() > DELAY_TOLERANCE {
-                changed.push((k, delay));
+            let held = config.dram.delay_s.get(k).copied().unwrap_or(0.0);
+            let held_now = (held - before).max(0.0) + *decode;
+            if off(delay, o.delay_s) || (config.dram_choice() && off(held_now, held)) {
+                changed.push((k, delay, held_now));
             }
         }
         changed
@@ -98,6 +106,12 @@ mod tests {
 
     use super::*;
     use crate::tier::Rate;
+
+    use crate::placement::planner::{DramChoice, StoreOption};
+
+    fn config(options: Vec<StoreOption>) -> PlannerConfig {
+        PlannerConfig { alpha: 0.05, half_life_ms: 1, budget_bytes: 1, options, dram: DramChoice::default() }
+    }
 
     fn options() -> Vec<StoreOption> {
         vec![
@@ -123,13 +137,14 @@ mod tests {
         let model = LoadModel { block_bytes: 64_000_000, decode_s: vec![0.0, 0.002] };
         let mut decode = model.decode_s.clone();
         // A log at 1 GB/s, no DRAM hits, quant not decoded yet: its configured decoding is kept.
-        let got = model.follow(&window(100, 1e9, 0, Vec::new()), &options(), &codecs, &mut decode);
+        let got = model.follow(&window(100, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!((got[0].1 - 0.064).abs() < 1e-9, "{got:?}");
         assert!((got[1].1 - (0.032 + 0.002)).abs() < 1e-9, "{got:?}");
         // Half the loads from DRAM, quant decoded at 4 GB/s on one core (two cores: 8 ms).
         let decoded = Rate { blocks: 10, bytes: 4_000_000_000, secs: 1.0 };
-        let got = model.follow(&window(100, 1e9, 100, vec![(quant, decoded)]), &options(), &codecs, &mut decode);
+        let got =
+            model.follow(&window(100, 1e9, 100, vec![(quant, decoded)]), &config(options()), &codecs, &mut decode);
         assert!((got[0].1 - 0.032).abs() < 1e-9, "{got:?}");
         assert!((got[1].1 - (0.016 + 0.008)).abs() < 1e-9, "{got:?}");
         assert!((decode[1] - 0.008).abs() < 1e-12);
@@ -141,13 +156,15 @@ mod tests {
         let model = LoadModel { block_bytes: 64_000_000, decode_s: vec![0.0, 0.002] };
         let mut decode = model.decode_s.clone();
         assert!(model
-            .follow(&window(SPEED_MIN_LOADS - 1, 1e9, 0, Vec::new()), &options(), &codecs, &mut decode)
+            .follow(&window(SPEED_MIN_LOADS - 1, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode)
             .is_empty());
         let off = LoadModel::default();
-        assert!(off.follow(&window(100, 1e9, 0, Vec::new()), &options(), &codecs, &mut decode).is_empty());
+        assert!(off.follow(&window(100, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode).is_empty());
         // Within the tolerance: kept.
         let near = [StoreOption { delay_s: 0.0645, ..options()[0] }, StoreOption { delay_s: 0.0341, ..options()[1] }];
-        assert!(model.follow(&window(100, 1e9, 0, Vec::new()), &near, &codecs, &mut decode).is_empty());
+        assert!(model
+            .follow(&window(100, 1e9, 0, Vec::new()), &config(near.to_vec()), &codecs, &mut decode)
+            .is_empty());
         assert_eq!(model.misfit(2), None);
         assert!(model.misfit(3).unwrap().contains("need 3 decoding times"));
         let bad = LoadModel { block_bytes: 1, decode_s: vec![f64::NAN, 0.0] };

@@ -136,6 +136,10 @@ pub struct PlacementReport {
     pub planned_bytes: u64,
     /// The bytes a planner keeps them within.
     pub budget_bytes: u64,
+    /// Bytes of the copies a planner has the DRAM tier hold (0 where it decides nothing of it).
+    pub dram_planned_bytes: u64,
+    /// The bytes it keeps those within (0: the DRAM tier is no choice).
+    pub dram_budget_bytes: u64,
     /// CPU seconds spent deciding.
     pub cpu_s: f64,
 }
@@ -164,6 +168,8 @@ pub struct OptionView {
     pub ratio: f64,
     /// Seconds to load and decode a block (for `dropped`: to recompute it).
     pub delay_s: f64,
+    /// Seconds to load and decode a block the DRAM tier holds (`None`: no such choice).
+    pub dram_delay_s: Option<f64>,
 }
 
 /// Where a put block goes.

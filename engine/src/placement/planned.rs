@@ -26,8 +26,12 @@
 //! that, dropped contexts are forgotten. After a restart it knows no context until one is used
 //! again, and counts only the blocks it sees put or read; a cleaner meets blocks of contexts it
 //! does not know (or forgot) and keeps them as [`Lru`] does (those read since their write).
-//! Victims are chosen by cost-benefit, and the DRAM tier holds what is put and read, as with
-//! [`Lru`].
+//! Victims are chosen by cost-benefit. Where the configuration makes the DRAM tier a choice
+//! ([`super::planner::DramChoice`]), a block of a context the planner holds in memory enters the
+//! DRAM tier when it is put or read, and one of a context it keeps on the log alone does not; a
+//! context moved out of memory leaves the tier as the tier's own LRU order evicts its copies
+//! (nothing walks the tier to remove them). Otherwise, and for contexts it does not know, the
+//! DRAM tier holds what is put and read, as with [`Lru`].
 //!
 //! Work: an access costs O(options + log contexts) plus, at a put over budget, the steps the
 //! rebalance takes. Every [`RATIO_CHECK_EVERY`] puts, maintenance (ratios, delays, forgetting) may rescore
@@ -233,6 +237,12 @@ impl Planned {
         self.lock().planner.set_budget(budget_bytes);
     }
 
+    /// Sets the bytes the DRAM tier's copies may take, for a planner whose configuration makes
+    /// the DRAM tier a choice (the tier's size, known once the volume is open).
+    pub fn set_dram_budget(&self, budget_bytes: u64) {
+        self.lock().planner.set_dram_budget(budget_bytes);
+    }
+
     /// Records an access of `block`'s context (`added` blocks put by it) and, for a `put`, the
     /// form its record takes, and rebalances when the kept bytes exceed the budget.
     fn access(&self, block: &BlockInfo<'_>, added: u64, put: bool) {
@@ -322,7 +332,7 @@ impl Planned {
         if window.log.blocks < SPEED_MIN_LOADS {
             return;
         }
-        let changed = self.loads.follow(&window, &state.planner.config().options, &self.codecs, &mut state.decode_s);
+        let changed = self.loads.follow(&window, state.planner.config(), &self.codecs, &mut state.decode_s);
         if !changed.is_empty() {
             tracing::debug!(?changed, "planner: load delays follow the speeds measured");
             state.planner.set_delays(&changed);
@@ -336,11 +346,15 @@ impl Planned {
 impl Placement for Planned {
     fn on_put(&self, block: &BlockInfo<'_>) -> PutPlan {
         self.access(block, u64::from(block.new_key), true);
-        self.lru.on_put(block)
+        match self.lock().planner.in_dram(block.context) {
+            Some(dram) => PutPlan { dram },
+            None => self.lru.on_put(block),
+        }
     }
 
     fn on_load(&self, block: &BlockInfo<'_>) -> bool {
-        self.lru.on_load(block)
+        let planned = self.lock().planner.in_dram(block.context);
+        planned.unwrap_or_else(|| self.lru.on_load(block))
     }
 
     fn on_hit(&self, block: &BlockInfo<'_>) {
@@ -390,6 +404,7 @@ impl Placement for Planned {
                 },
                 ratio: o.ratio,
                 delay_s: o.delay_s,
+                dram_delay_s: config.dram.delay_s.get(k).copied().filter(|_| state.planner.dram_choice()),
             })
             .collect();
         let (contexts, next_steps) = state.planner.view(now, limit);
@@ -404,6 +419,8 @@ impl Placement for Planned {
             contexts: state.planner.contexts() as u64,
             planned_bytes: state.planner.stored_bytes(),
             budget_bytes: state.planner.config().budget_bytes,
+            dram_planned_bytes: state.planner.dram_bytes(),
+            dram_budget_bytes: if state.planner.dram_choice() { state.planner.config().dram.budget_bytes } else { 0 },
             cpu_s: state.cpu.as_secs_f64(),
         }
     }
@@ -447,7 +464,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::placement::planner::StoreOption;
+    use crate::placement::planner::{DramChoice, StoreOption};
     use crate::policy::{NsSettings, Policy};
 
     const NO_SETTINGS: NsSettings = NsSettings { alpha: None, codecs: None, drift: None, ttl: None };
@@ -466,6 +483,7 @@ mod tests {
                     StoreOption { ratio: 0.5, delay_s: 0.008, lossy: true },
                     StoreOption { ratio: 0.0, delay_s: 0.1, lossy: false },
                 ],
+                dram: DramChoice::default(),
             },
             codecs: vec![None, Some(q8)],
             quality: vec![1.0, 0.98, 1.0],
@@ -563,6 +581,7 @@ mod tests {
                     StoreOption { ratio: 1.0, delay_s: 0.01, lossy: false },
                     StoreOption { ratio: 0.0, delay_s: 0.1, lossy: false },
                 ],
+                dram: DramChoice::default(),
             },
             codecs: vec![None],
             quality: vec![1.0, 1.0],
@@ -584,6 +603,45 @@ mod tests {
         let mut c = base();
         c.loads = LoadModel { block_bytes: 1 << 20, decode_s: vec![0.0, 0.0] };
         assert!(Planned::new(c, Clock::default()).is_err(), "a decoding time too many");
+    }
+
+    #[test]
+    fn the_dram_tier_takes_the_contexts_the_planner_holds_in_memory() {
+        let (lru_like, _) = planned(u64::MAX);
+        assert!(lru_like.on_load(&info(1)), "no DRAM choice: the tier holds what is read, as with lru");
+        // Memory for one context of 8 blocks of 100 bytes.
+        let mut config = lru_like.lock().planner.config().clone();
+        config.dram = DramChoice { budget_bytes: 1000, delay_s: vec![0.001, 0.0008] };
+        let now = Arc::new(AtomicU64::new(1_000));
+        let p = Planned::new(
+            PlannedConfig {
+                planner: config,
+                codecs: vec![None, Some(CodecSpec::quant(8, 32, 0))],
+                quality: vec![1.0, 0.98, 1.0],
+                loads: LoadModel::default(),
+            },
+            Clock::manual(Arc::clone(&now)),
+        )
+        .unwrap();
+        let put = |c: u64| p.on_put(&BlockInfo { record_bytes: 100, ..info(c) });
+        // A hot context, put over eight accesses; a cold one, in one.
+        for t in 0..8 {
+            now.store(1_000 + t, Ordering::Relaxed);
+            assert!(put(1).dram, "memory has no price yet");
+        }
+        now.store(2_000, Ordering::Relaxed);
+        for _ in 0..8 {
+            put(2);
+        }
+        let report = p.report();
+        assert!(report.dram_planned_bytes <= 1000 && report.dram_budget_bytes == 1000, "{report:?}");
+        assert!(p.on_load(&info(1)), "the hot context is read into the DRAM tier");
+        assert!(!p.on_load(&info(2)), "the cold one is left on the log");
+        assert!(!put(2).dram);
+        assert!(p.on_load(&info(77)) == p.lru.on_load(&info(77)), "a context it does not know: as lru");
+        let view = p.plan_view(4).unwrap();
+        assert_eq!(view.options[1].dram_delay_s, Some(0.0008));
+        assert!(view.contexts.iter().any(|c| c.context == 1 && c.dram));
     }
 
     #[test]

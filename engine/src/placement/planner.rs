@@ -1,30 +1,36 @@
 //! The placement planner (EvicPress): for every context, one decision of how its blocks are kept
-//! on the log (which codec) or whether they are dropped, chosen jointly across contexts so that
-//! the stored bytes fit the budget at the least loss of utility.
+//! on the log (which codec) or whether they are dropped, and whether the DRAM tier holds them
+//! too, chosen jointly across contexts so that each tier's bytes fit its budget at the least loss
+//! of utility.
 //!
-//! **Utility** of keeping a context's blocks with option `o`, per block:
-//! `U(o) = (α · quality(o) − delay(o)) · freq`, where quality is what the context's estimate says
-//! the codec keeps (1 for lossless and raw), delay the time to load and decode a block (log
-//! bandwidth and decode speed; for a dropped context, the prefill that recomputes it, at quality
-//! 1), freq the context's accesses decayed with a half-life, and α (seconds per unit of quality)
-//! what quality is worth against time.
+//! **Utility** of keeping a context's blocks with choice `o` (a form, in memory or not), per
+//! block: `U(o) = (α · quality(o) − delay(o)) · freq`, where quality is what the context's
+//! estimate says the codec keeps (1 for lossless and raw), delay the time to load and decode a
+//! block (from the log, or from memory when the DRAM tier holds it; for a dropped context, the
+//! prefill that recomputes it, at quality 1), freq the context's accesses decayed with a
+//! half-life, and α (seconds per unit of quality) what quality is worth against time.
 //!
-//! **Placement** (EvicPress Algorithm 1, the multiple-choice-knapsack greedy): while the stored
-//! bytes exceed the budget, take the step with the smallest utility lost per byte freed over every
-//! context's options with fewer bytes than its current one (compress harder, or drop), and apply
-//! it. Decay multiplies every context's freq by the same factor, so the order of contexts does not
-//! change with time alone: a heap keyed by log(loss per byte) + log(freq at a fixed origin) stays
-//! valid, and only a context that is accessed or changes option is pushed again. A step costs
-//! O(options + log contexts); a put costs one touch, O(options + log contexts).
+//! **Placement** (EvicPress Algorithm 1, the multiple-choice-knapsack greedy, tier by tier):
+//! while the DRAM tier's copies exceed its budget, take the step with the smallest utility lost
+//! per byte of memory freed (leave memory, compress harder, or drop); then, while the log's
+//! bytes exceed its budget, the step with the smallest loss per byte of the log freed (compress
+//! harder, or drop). No step takes more bytes in either tier: the DRAM tier holds copies of what
+//! is on the log, so a context held in memory counts against both. Decay multiplies every
+//! context's freq by the same factor, so the order of contexts does not change with time alone:
+//! a heap per tier keyed by log(loss per byte) + log(freq at a fixed origin) stays valid, and
+//! only a context that is accessed or changes is pushed again. A step costs O(choices + log
+//! contexts); a put costs one touch, O(choices + log contexts).
 //!
-//! **Admission**: a context stored (again) takes the option worth most at the current price of a
-//! byte, the utility lost per byte by the last step placement took, so a block the next
-//! rebalance would compress is compressed when it is put, not written twice.
+//! **Admission**: a context stored (again) takes the choice worth most at the current prices of
+//! bytes, the utility lost per byte by the last step placement took in each tier, so a block the
+//! next rebalance would compress is compressed when it is put, not written twice. A kept context
+//! used again is held in memory when that is worth more than its price there (as a read brings
+//! a block into the DRAM tier); the greedy moves it out again when memory runs short.
 //!
 //! Decisions that discard information are final for a copy: a context compressed lossily is never
-//! decompressed back nor compressed harder (its only step is to be dropped, as cleaning would
-//! not recode its lossy form); when it needs more quality it is recomputed by the client
-//! (dropped).
+//! decompressed back nor compressed harder (its only steps are out of memory and to be dropped,
+//! as cleaning would not recode its lossy form); when it needs more quality it is recomputed by
+//! the client (dropped).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -32,15 +38,29 @@ use std::collections::{BinaryHeap, HashMap};
 use super::{BlockInfo, Keep, LiveBlock, Lru, Placement, PutPlan, SegmentView};
 use crate::clock::Clock;
 
-/// One way of keeping a context's blocks.
+/// One way of keeping a context's blocks on the log (a form: as put, or a codec).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StoreOption {
     /// Stored bytes ÷ raw bytes (0: dropped).
     pub ratio: f64,
-    /// Seconds to load and decode one block (for a dropped context: to recompute it).
+    /// Seconds to load and decode one block from the log (for a dropped context: to recompute
+    /// it).
     pub delay_s: f64,
     /// Whether the codec loses information (estimates apply).
     pub lossy: bool,
+}
+
+/// The DRAM tier as a choice: a context kept in some form may also be held in memory, where a
+/// load costs `delay_s` of its form instead of the log's. The tier holds copies of what is on
+/// the log, so a context held there counts its bytes against both budgets.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DramChoice {
+    /// Bytes the copies in memory may take (0: no DRAM choice; the planner decides the log
+    /// alone).
+    pub budget_bytes: u64,
+    /// Per kept form (every option but "dropped"): seconds to load and decode one block held in
+    /// memory.
+    pub delay_s: Vec<f64>,
 }
 
 /// What the planner weighs.
@@ -50,11 +70,36 @@ pub struct PlannerConfig {
     pub alpha: f64,
     /// Half-life of a context's access count, ms.
     pub half_life_ms: u64,
-    /// Bytes the kept blocks may take.
+    /// Bytes the kept blocks may take on the log.
     pub budget_bytes: u64,
     /// The options, the first the least compressed (the one a new context starts with); the
     /// last is "dropped" (ratio 0).
     pub options: Vec<StoreOption>,
+    /// The DRAM tier as a choice (its default: none).
+    pub dram: DramChoice,
+}
+
+impl PlannerConfig {
+    /// Whether holding contexts in the DRAM tier is one of the choices: it has a budget and a
+    /// delay for every kept form.
+    pub fn dram_choice(&self) -> bool {
+        self.dram.budget_bytes > 0 && self.dram.delay_s.len() + 1 == self.options.len()
+    }
+}
+
+/// Where a budget is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Dram = 0,
+    Ssd = 1,
+}
+
+/// A way of keeping a context: its form (an index into the options) and whether the DRAM tier
+/// holds it too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Choice {
+    option: usize,
+    dram: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -68,10 +113,18 @@ struct Context {
     /// Its α (its namespace's, else the configuration's).
     alpha: f64,
     option: usize,
+    /// Whether the DRAM tier holds it.
+    dram: bool,
     version: u64,
 }
 
-/// A candidate step in the heap: smallest key first.
+impl Context {
+    fn choice(&self) -> Choice {
+        Choice { option: self.option, dram: self.dram }
+    }
+}
+
+/// A candidate step in a heap: smallest key first.
 #[derive(Debug, Clone, Copy)]
 struct Step {
     key: f64,
@@ -97,13 +150,16 @@ impl Ord for Step {
     }
 }
 
-/// A decision the planner made: `context`'s blocks now kept with `option`.
+/// A decision the planner made: `context`'s blocks now kept with `option`, and held by the DRAM
+/// tier or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Change {
     /// The context.
     pub context: u64,
     /// Its new option (index into the config's options).
     pub option: usize,
+    /// Whether the DRAM tier holds it.
+    pub dram: bool,
 }
 
 /// A context as a request uses it: what [`Planner::touch`] records and
@@ -135,13 +191,16 @@ pub struct ContextView {
     pub block_bytes: u64,
     /// The option its blocks are kept with.
     pub option: usize,
+    /// Whether the DRAM tier holds it.
+    pub dram: bool,
     /// Its decayed access count now.
     pub freq: f64,
     /// Per option: the quality it keeps for this context.
     pub quality: Vec<f64>,
     /// Its α: seconds of delay its whole quality is worth.
     pub alpha: f64,
-    /// Per option: its utility for the whole context now, `(α · quality − delay) · freq · blocks`.
+    /// Per option, on the log: its utility for the whole context now,
+    /// `(α · quality − delay) · freq · blocks`.
     pub utility: Vec<f64>,
 }
 
@@ -154,9 +213,11 @@ pub struct StepView {
     pub from: usize,
     /// The option it would move to.
     pub to: usize,
+    /// Whether it would leave the DRAM tier's memory (`false`: a step on the log).
+    pub from_dram: bool,
     /// Utility lost per byte freed, now.
     pub loss_per_byte: f64,
-    /// Bytes it would free.
+    /// Bytes it would free (in memory for a step out of the DRAM tier).
     pub bytes_freed: u64,
 }
 
@@ -165,26 +226,59 @@ pub struct StepView {
 pub struct Planner {
     config: PlannerConfig,
     contexts: HashMap<u64, Context>,
-    heap: BinaryHeap<Step>,
-    stored_bytes: f64,
-    /// The price of a byte: the key of the last step placement took (`None` before any).
-    ln_price: Option<f64>,
+    /// Per [`Tier`]: steps that free its bytes.
+    heaps: [BinaryHeap<Step>; 2],
+    /// Per [`Tier`]: the bytes counted.
+    bytes: [f64; 2],
+    /// Per [`Tier`]: the price of a byte, the key of the last step placement took there (`None`
+    /// before any).
+    ln_price: [Option<f64>; 2],
 }
 
 impl Planner {
     /// A planner with no context yet.
     pub fn new(config: PlannerConfig) -> Planner {
-        Planner { config, contexts: HashMap::new(), heap: BinaryHeap::new(), stored_bytes: 0.0, ln_price: None }
+        Planner {
+            config,
+            contexts: HashMap::new(),
+            heaps: [BinaryHeap::new(), BinaryHeap::new()],
+            bytes: [0.0; 2],
+            ln_price: [None; 2],
+        }
     }
 
-    /// Bytes the kept blocks take, as the planner counts them.
+    /// Bytes the kept blocks take on the log, as the planner counts them.
     pub fn stored_bytes(&self) -> u64 {
-        self.stored_bytes as u64
+        self.counted_in(Tier::Ssd) as u64
+    }
+
+    /// Bytes of the copies the planner has the DRAM tier hold.
+    pub fn dram_bytes(&self) -> u64 {
+        self.counted_in(Tier::Dram) as u64
+    }
+
+    /// Bytes counted in `tier`.
+    fn counted_in(&self, tier: Tier) -> f64 {
+        self.bytes.get(tier as usize).copied().unwrap_or(0.0)
     }
 
     /// The option a context's blocks are kept with (the first for one never seen).
     pub fn option_of(&self, context: u64) -> usize {
         self.contexts.get(&context).map_or(0, |c| c.option)
+    }
+
+    /// Whether the planner has the DRAM tier hold `context` (`None`: it decides nothing of the
+    /// DRAM tier, or does not know the context).
+    pub fn in_dram(&self, context: u64) -> Option<bool> {
+        if !self.dram_choice() {
+            return None;
+        }
+        self.contexts.get(&context).map(|c| c.dram)
+    }
+
+    /// Whether holding contexts in the DRAM tier is one of the choices.
+    pub fn dram_choice(&self) -> bool {
+        self.config.dram_choice()
     }
 
     /// Contexts tracked.
@@ -216,39 +310,74 @@ impl Planner {
         for id in &gone {
             self.contexts.remove(id);
         }
-        self.rebuild_heap();
+        self.rebuild_heaps();
         gone
     }
 
-    fn bytes(&self, c: &Context, option: usize) -> f64 {
-        let ratio = self.config.options.get(option).map_or(0.0, |o| o.ratio);
+    /// Bytes `c` takes in `tier` kept as `choice`.
+    fn bytes_in(&self, c: &Context, choice: Choice, tier: Tier) -> f64 {
+        if tier == Tier::Dram && !choice.dram {
+            return 0.0;
+        }
+        let ratio = self.config.options.get(choice.option).map_or(0.0, |o| o.ratio);
         c.blocks as f64 * c.raw_bytes as f64 * ratio
     }
 
-    /// Utility per block of `option` at unit frequency.
-    fn utility(&self, c: &Context, option: usize) -> f64 {
-        let Some(o) = self.config.options.get(option) else { return f64::NEG_INFINITY };
-        let dropped = o.ratio == 0.0;
-        let q = if dropped { 1.0 } else { c.quality.get(option).copied().unwrap_or(1.0) };
-        c.alpha * q - o.delay_s
+    /// Bytes `c` takes on the log kept with `option`.
+    #[cfg(test)]
+    fn bytes(&self, c: &Context, option: usize) -> f64 {
+        self.bytes_in(c, Choice { option, dram: false }, Tier::Ssd)
     }
 
-    /// The best step down from `c`'s option: (option, ln(loss per byte freed) + ln freq).
-    fn next_step(&self, c: &Context) -> Option<(usize, f64)> {
-        let (b0, u0) = (self.bytes(c, c.option), self.utility(c, c.option));
+    /// Utility per block of `choice` at unit frequency.
+    fn utility_of(&self, c: &Context, choice: Choice) -> f64 {
+        let Some(o) = self.config.options.get(choice.option) else { return f64::NEG_INFINITY };
+        let dropped = o.ratio == 0.0;
+        let q = if dropped { 1.0 } else { c.quality.get(choice.option).copied().unwrap_or(1.0) };
+        let delay = match choice.dram {
+            true => self.config.dram.delay_s.get(choice.option).copied().unwrap_or(f64::INFINITY),
+            false => o.delay_s,
+        };
+        c.alpha * q - delay
+    }
+
+    /// Utility per block of `option` on the log at unit frequency.
+    fn utility(&self, c: &Context, option: usize) -> f64 {
+        self.utility_of(c, Choice { option, dram: false })
+    }
+
+    /// Every way `c` may be kept: each option on the log, and each kept one in the DRAM tier
+    /// too when that is a choice.
+    fn choices(&self) -> impl Iterator<Item = Choice> + '_ {
+        let dram = self.dram_choice();
+        let dropped = self.dropped();
+        (0..self.config.options.len()).flat_map(move |option| {
+            let held = dram && option != dropped;
+            [Choice { option, dram: false }, Choice { option, dram: true }].into_iter().filter(move |c| !c.dram || held)
+        })
+    }
+
+    /// The best step from `c`'s choice that frees bytes in `tier` without taking more in either:
+    /// (choice, ln(loss per byte freed) + ln freq).
+    fn next_step(&self, c: &Context, tier: Tier) -> Option<(Choice, f64)> {
+        let now = c.choice();
+        let (b0, u0) = (self.bytes_in(c, now, tier), self.utility_of(c, now));
+        let (d0, s0) = (self.bytes_in(c, now, Tier::Dram), self.bytes_in(c, now, Tier::Ssd));
         // A lossy form is final for its copy: recoded again it would lose more than the next
-        // option's quality says, so from it the only step is to drop the context.
+        // option's quality says, so from it the only steps are out of memory and to drop.
         let lossy = self.config.options.get(c.option).is_some_and(|o| o.lossy);
         let dropped = self.dropped();
-        let mut best: Option<(usize, f64)> = None;
-        for k in 0..self.config.options.len() {
-            let freed = b0 - self.bytes(c, k);
+        let mut best: Option<(Choice, f64)> = None;
+        for k in self.choices() {
+            let freed = b0 - self.bytes_in(c, k, tier);
+            let grows = self.bytes_in(c, k, Tier::Dram) > d0 || self.bytes_in(c, k, Tier::Ssd) > s0;
             // An option the context may not take (its quality is -inf) is never a step.
-            if freed <= 0.0 || !self.utility(c, k).is_finite() || (lossy && k != dropped) {
+            let closed = !self.utility_of(c, k).is_finite() || (lossy && k.option != dropped && k.option != c.option);
+            if freed <= 0.0 || grows || closed {
                 continue;
             }
             // Loss per byte at unit frequency, times the blocks it is summed over.
-            let loss = (u0 - self.utility(c, k)) * c.blocks as f64 / freed;
+            let loss = (u0 - self.utility_of(c, k)) * c.blocks as f64 / freed;
             let key = if loss <= 0.0 { f64::NEG_INFINITY } else { loss.ln() + c.ln_freq };
             if best.is_none_or(|(_, b)| key < b) {
                 best = Some((k, key));
@@ -259,61 +388,113 @@ impl Planner {
 
     fn push(&mut self, context: u64) {
         let Some(c) = self.contexts.get(&context) else { return };
-        if let Some((_, key)) = self.next_step(c) {
-            self.heap.push(Step { key, context, version: c.version });
+        for tier in [Tier::Dram, Tier::Ssd] {
+            if tier == Tier::Dram && !c.dram {
+                continue;
+            }
+            if let Some((_, key)) = self.next_step(c, tier) {
+                let step = Step { key, context, version: c.version };
+                if let Some(heap) = self.heaps.get_mut(tier as usize) {
+                    heap.push(step);
+                }
+            }
         }
     }
 
+    /// Changes `context` by `change`, keeping the byte counts (a context never seen is created
+    /// by `new`), and pushes its next steps.
+    fn account(&mut self, context: u64, new: impl FnOnce() -> Context, change: impl FnOnce(&mut Context)) {
+        let before = self.contexts.get(&context).map_or([0.0; 2], |c| self.counted(c));
+        let c = self.contexts.entry(context).or_insert_with(new);
+        change(c);
+        c.version += 1;
+        let after = self.contexts.get(&context).map_or([0.0; 2], |c| self.counted(c));
+        for (total, (a, b)) in self.bytes.iter_mut().zip(after.iter().zip(before)) {
+            *total += a - b;
+        }
+        self.push(context);
+    }
+
+    /// Bytes `c` takes per [`Tier`] as it is kept now.
+    fn counted(&self, c: &Context) -> [f64; 2] {
+        [self.bytes_in(c, c.choice(), Tier::Dram), self.bytes_in(c, c.choice(), Tier::Ssd)]
+    }
+
     /// A request used a context ([`ContextUse`]). A context that was dropped starts again from
-    /// the first option.
+    /// the choice admission gives it; one kept on the log alone is held in memory too when that
+    /// is worth more at the current prices of bytes (as a read would bring it there).
     pub fn touch(&mut self, u: &ContextUse<'_>) {
         let ContextUse { context, now_ms, blocks, raw_bytes, quality, alpha } = *u;
         let alpha = alpha.unwrap_or(self.config.alpha);
         let ln_now = self.ln_time(now_ms);
-        let before = self.contexts.get(&context).map(|c| (self.bytes(c, c.option), c.option));
         let dropped = self.dropped();
-        let c = self.contexts.entry(context).or_insert(Context {
+        let known = self.contexts.get(&context).map(|c| c.option != dropped);
+        let mut updated = self.contexts.get(&context).cloned().unwrap_or(Context {
             blocks: 0,
             raw_bytes,
             ln_freq: f64::NEG_INFINITY,
             quality: Vec::new(),
             alpha,
             option: 0,
+            dram: false,
             version: 0,
         });
         // ln(e^a + e^b), without overflow.
-        let (hi, lo) = if c.ln_freq > ln_now { (c.ln_freq, ln_now) } else { (ln_now, c.ln_freq) };
-        c.ln_freq = hi + (lo - hi).exp().ln_1p();
-        c.blocks = blocks;
-        c.raw_bytes = raw_bytes;
-        c.quality = quality.to_vec();
-        c.alpha = alpha;
-        let admit = c.option == dropped || before.is_none();
-        c.version += 1;
-        if admit {
-            let option = self.contexts.get(&context).map_or(0, |c| self.admission(c));
-            if let Some(c) = self.contexts.get_mut(&context) {
-                c.option = option;
-            }
-        }
-        let Some(c) = self.contexts.get(&context) else { return };
-        let after = self.bytes(c, c.option);
-        self.stored_bytes += after - before.map_or(0.0, |b| b.0);
-        self.push(context);
+        let (hi, lo) = if updated.ln_freq > ln_now { (updated.ln_freq, ln_now) } else { (ln_now, updated.ln_freq) };
+        updated.ln_freq = hi + (lo - hi).exp().ln_1p();
+        updated.blocks = blocks;
+        updated.raw_bytes = raw_bytes;
+        updated.quality = quality.to_vec();
+        updated.alpha = alpha;
+        let choice = match known {
+            Some(true) => self.promoted(&updated),
+            _ => self.admission(&updated),
+        };
+        let fresh = updated.clone();
+        self.account(
+            context,
+            || fresh,
+            |c| {
+                *c = Context { option: choice.option, dram: choice.dram, version: c.version, ..updated };
+            },
+        );
     }
 
-    /// Admission: the option worth most for `c` at the current price of a byte (the utility
-    /// lost per byte by the last step placement took), so that what the next rebalance would
-    /// compress or drop is not written raw first. The first option before any step was taken.
-    fn admission(&self, c: &Context) -> usize {
-        let Some(ln_price) = self.ln_price else { return 0 };
+    /// What `c` is worth kept as `choice` at the current prices of bytes.
+    fn worth(&self, c: &Context, choice: Choice) -> f64 {
+        let price =
+            |tier: Tier| self.ln_price.get(tier as usize).copied().flatten().map_or(0.0, |p| (p - c.ln_freq).exp());
+        self.utility_of(c, choice) * c.blocks as f64
+            - price(Tier::Ssd) * self.bytes_in(c, choice, Tier::Ssd)
+            - price(Tier::Dram) * self.bytes_in(c, choice, Tier::Dram)
+    }
+
+    /// Admission: the choice worth most for `c` at the current prices of bytes (the utility lost
+    /// per byte by the last step placement took in each tier), so that what the next rebalance
+    /// would compress or drop is not written raw first. Before any step on the log, the first
+    /// option.
+    fn admission(&self, c: &Context) -> Choice {
         let dropped = self.dropped();
-        let price = (ln_price - c.ln_freq).exp();
-        (0..dropped)
-            .map(|k| (k, self.utility(c, k) * c.blocks as f64 - price * self.bytes(c, k)))
+        let first = Choice { option: 0, dram: self.dram_choice() };
+        let logged = self.ln_price.get(Tier::Ssd as usize).copied().flatten().is_some();
+        let candidates: Vec<Choice> = self.choices().filter(|k| k.option != dropped).collect();
+        let candidates = candidates.into_iter().filter(|k| logged || k.option == 0);
+        candidates
+            .map(|k| (k, self.worth(c, k)))
             .filter(|(_, worth)| worth.is_finite())
-            .fold((0, f64::NEG_INFINITY), |best, x| if x.1 > best.1 { x } else { best })
+            .fold((first, f64::NEG_INFINITY), |best, x| if x.1 > best.1 { x } else { best })
             .0
+    }
+
+    /// A kept context used again: held in memory too when that is worth more than the log alone
+    /// at the current prices (its form does not change: that is cleaning's work).
+    fn promoted(&self, c: &Context) -> Choice {
+        let now = c.choice();
+        let held = Choice { dram: true, ..now };
+        if now.dram || !self.dram_choice() || self.worth(c, held) <= self.worth(c, now) {
+            return now;
+        }
+        held
     }
 
     /// The option a put to a context ([`ContextUse`]) would be stored with: the context's own,
@@ -327,8 +508,17 @@ impl Planner {
         }
         let ln_now = self.ln_time(now_ms);
         let alpha = alpha.unwrap_or(self.config.alpha);
-        let c = Context { blocks, raw_bytes, ln_freq: ln_now, quality: quality.to_vec(), alpha, option: 0, version: 0 };
-        self.admission(&c)
+        let c = Context {
+            blocks,
+            raw_bytes,
+            ln_freq: ln_now,
+            quality: quality.to_vec(),
+            alpha,
+            option: 0,
+            dram: false,
+            version: 0,
+        };
+        self.admission(&c).option
     }
 
     /// Blocks `context` holds, as last told (0 for one never seen).
@@ -339,19 +529,24 @@ impl Planner {
     /// `context` now holds `blocks` blocks (more were put in the same access): its bytes change,
     /// its access count does not. Nothing for a context never touched.
     pub fn resize(&mut self, context: u64, blocks: u64) {
-        let Some(c) = self.contexts.get(&context) else { return };
-        let before = self.bytes(c, c.option);
-        let Some(c) = self.contexts.get_mut(&context) else { return };
-        c.blocks = blocks;
-        c.version += 1;
-        let Some(c) = self.contexts.get(&context) else { return };
-        self.stored_bytes += self.bytes(c, c.option) - before;
-        self.push(context);
+        if !self.contexts.contains_key(&context) {
+            return;
+        }
+        self.account(context, || unreachable_context(context), |c| c.blocks = blocks);
     }
 
-    /// Whether the kept bytes exceed the budget (a rebalance would change something).
+    /// Whether the kept bytes exceed a budget (a rebalance would change something).
     pub fn over_budget(&self) -> bool {
-        self.stored_bytes > self.config.budget_bytes as f64
+        self.over(Tier::Ssd) || self.over(Tier::Dram)
+    }
+
+    fn over(&self, tier: Tier) -> bool {
+        let budget = match tier {
+            Tier::Dram if !self.dram_choice() => return false,
+            Tier::Dram => self.config.dram.budget_bytes,
+            Tier::Ssd => self.config.budget_bytes,
+        };
+        self.counted_in(tier) > budget as f64
     }
 
     /// The `limit` contexts worth most now (by access count), and the first `limit` steps a
@@ -375,6 +570,7 @@ impl Planner {
                 blocks: c.blocks,
                 block_bytes: c.raw_bytes,
                 option: c.option,
+                dram: c.dram,
                 freq: freq_now(c),
                 quality: c.quality.clone(),
                 alpha: c.alpha,
@@ -386,14 +582,17 @@ impl Planner {
         let mut steps: Vec<StepView> = self
             .contexts
             .iter()
-            .filter_map(|(id, c)| {
-                let (to, key) = self.next_step(c)?;
-                Some(StepView {
-                    context: *id,
-                    from: c.option,
-                    to,
-                    loss_per_byte: (key - ln_now).exp(),
-                    bytes_freed: (self.bytes(c, c.option) - self.bytes(c, to)).max(0.0) as u64,
+            .flat_map(|(id, c)| {
+                [Tier::Dram, Tier::Ssd].into_iter().filter(|t| *t == Tier::Ssd || c.dram).filter_map(move |tier| {
+                    let (to, key) = self.next_step(c, tier)?;
+                    Some(StepView {
+                        context: *id,
+                        from: c.option,
+                        to: to.option,
+                        from_dram: tier == Tier::Dram,
+                        loss_per_byte: (key - ln_now).exp(),
+                        bytes_freed: (self.bytes_in(c, c.choice(), tier) - self.bytes_in(c, to, tier)).max(0.0) as u64,
+                    })
                 })
             })
             .collect();
@@ -427,9 +626,16 @@ impl Planner {
         }
     }
 
-    /// Sets the bytes the kept blocks may take (the next rebalance fits them).
+    /// Sets the bytes the kept blocks may take on the log (the next rebalance fits them).
     pub fn set_budget(&mut self, budget_bytes: u64) {
         self.config.budget_bytes = budget_bytes;
+    }
+
+    /// Sets the bytes the DRAM tier's copies may take (0: the DRAM tier is no choice; contexts
+    /// held there stay counted until they change).
+    pub fn set_dram_budget(&mut self, budget_bytes: u64) {
+        self.config.dram.budget_bytes = budget_bytes;
+        self.rebuild_heaps();
     }
 
     /// What the planner weighs.
@@ -440,60 +646,75 @@ impl Planner {
     /// `context`'s blocks are gone (expired, evicted): forget it.
     pub fn forget(&mut self, context: u64) {
         if let Some(c) = self.contexts.remove(&context) {
-            self.stored_bytes -= self.bytes(&c, c.option);
+            let counted = self.counted(&c);
+            for (total, b) in self.bytes.iter_mut().zip(counted) {
+                *total -= b;
+            }
         }
     }
 
-    /// Steps down, cheapest loss per byte first, until the kept bytes fit the budget; returns
-    /// what changed (a context may change several times; the last is what holds).
+    /// Steps down, cheapest loss per byte first, until the DRAM tier's copies fit its budget,
+    /// then until the log's bytes fit theirs (EvicPress Algorithm 1, tier by tier); returns what
+    /// changed (a context may change several times; the last is what holds).
     pub fn rebalance(&mut self) -> Vec<Change> {
         let mut changes = Vec::new();
-        while self.stored_bytes > self.config.budget_bytes as f64 {
-            let Some(step) = self.heap.pop() else { break };
-            let Some(c) = self.contexts.get(&step.context) else { continue };
-            if c.version != step.version {
-                continue; // stale: the context was pushed again since
+        for tier in [Tier::Dram, Tier::Ssd] {
+            while self.over(tier) {
+                let Some(step) = self.heaps.get_mut(tier as usize).and_then(BinaryHeap::pop) else { break };
+                let Some(c) = self.contexts.get(&step.context) else { continue };
+                if c.version != step.version {
+                    continue; // stale: the context was pushed again since
+                }
+                let Some((to, key)) = self.next_step(c, tier) else { continue };
+                if key.is_finite() {
+                    if let Some(price) = self.ln_price.get_mut(tier as usize) {
+                        *price = Some(key);
+                    }
+                }
+                self.account(
+                    step.context,
+                    || unreachable_context(step.context),
+                    |c| {
+                        c.option = to.option;
+                        c.dram = to.dram;
+                    },
+                );
+                changes.push(Change { context: step.context, option: to.option, dram: to.dram });
             }
-            let Some((option, key)) = self.next_step(c) else { continue };
-            if key.is_finite() {
-                self.ln_price = Some(key);
-            }
-            let freed = self.bytes(c, c.option) - self.bytes(c, option);
-            self.stored_bytes -= freed;
-            if let Some(c) = self.contexts.get_mut(&step.context) {
-                c.option = option;
-                c.version += 1;
-            }
-            changes.push(Change { context: step.context, option });
-            self.push(step.context);
         }
         // Stale entries pile up as contexts are touched: rebuild when they dominate.
-        if self.heap.len() > 4 * self.contexts.len() + 1024 {
-            self.rebuild_heap();
+        if self.heaps.iter().map(BinaryHeap::len).sum::<usize>() > 8 * self.contexts.len() + 1024 {
+            self.rebuild_heaps();
         }
         changes
     }
 
-    fn rebuild_heap(&mut self) {
+    fn rebuild_heaps(&mut self) {
         let ids: Vec<u64> = self.contexts.keys().copied().collect();
-        self.heap.clear();
+        self.heaps.iter_mut().for_each(BinaryHeap::clear);
         for id in ids {
             self.push(id);
         }
     }
 
-    /// Loading a block kept with each listed option takes the delay given (measured as the
-    /// store serves): every step is scored again, O(contexts). "Dropped" and nonsense delays are
-    /// not taken.
-    pub fn set_delays(&mut self, delays: &[(usize, f64)]) {
+    /// Loading a block kept with each listed option takes the delays given (on the log, then
+    /// held in memory; measured as the store serves): every step is scored again, O(contexts).
+    /// "Dropped" and nonsense delays are not taken.
+    pub fn set_delays(&mut self, delays: &[(usize, f64, f64)]) {
         let dropped = self.dropped();
-        for &(option, delay) in delays {
-            match self.config.options.get_mut(option) {
-                Some(o) if option != dropped && delay.is_finite() && delay >= 0.0 => o.delay_s = delay,
-                _ => {}
+        let fine = |d: f64| d.is_finite() && d >= 0.0;
+        for &(option, log, dram) in delays {
+            if option == dropped {
+                continue;
+            }
+            if let Some(o) = self.config.options.get_mut(option).filter(|_| fine(log)) {
+                o.delay_s = log;
+            }
+            if let Some(d) = self.config.dram.delay_s.get_mut(option).filter(|_| fine(dram)) {
+                *d = dram;
             }
         }
-        self.rebuild_heap();
+        self.rebuild_heaps();
     }
 
     /// Stored bytes ÷ raw bytes of `option` is `ratio` (measured on what was stored): every
@@ -504,8 +725,29 @@ impl Planner {
             return; // "dropped" stays dropped; a nonsense ratio is not taken
         }
         o.ratio = ratio;
-        self.stored_bytes = self.contexts.values().map(|c| self.bytes(c, c.option)).sum();
-        self.rebuild_heap();
+        let mut bytes = [0.0; 2];
+        for c in self.contexts.values() {
+            for (total, b) in bytes.iter_mut().zip(self.counted(c)) {
+                *total += b;
+            }
+        }
+        self.bytes = bytes;
+        self.rebuild_heaps();
+    }
+}
+
+/// A context `account` is asked to change is always there (its callers check): this is never
+/// called, and would only make a context of nothing.
+fn unreachable_context(_: u64) -> Context {
+    Context {
+        blocks: 0,
+        raw_bytes: 0,
+        ln_freq: f64::NEG_INFINITY,
+        quality: Vec::new(),
+        alpha: 0.0,
+        option: 0,
+        dram: false,
+        version: 0,
     }
 }
 
@@ -566,7 +808,13 @@ mod tests {
     }
 
     fn planner(budget: u64) -> Planner {
-        Planner::new(PlannerConfig { alpha: 0.5, half_life_ms: 600_000, budget_bytes: budget, options: options() })
+        Planner::new(PlannerConfig {
+            alpha: 0.5,
+            half_life_ms: 600_000,
+            budget_bytes: budget,
+            options: options(),
+            dram: DramChoice::default(),
+        })
     }
 
     /// Total utility (at current frequencies) of a choice per context, by brute force.
@@ -660,7 +908,13 @@ mod tests {
         // Recomputing is slow here: quantizing comes first.
         let mut options = options();
         options[3].delay_s = 0.1;
-        let mut p = Planner::new(PlannerConfig { alpha: 0.5, half_life_ms: 600_000, budget_bytes: 1200, options });
+        let mut p = Planner::new(PlannerConfig {
+            alpha: 0.5,
+            half_life_ms: 600_000,
+            budget_bytes: 1200,
+            options,
+            dram: DramChoice::default(),
+        });
         let q = [1.0, 0.98, 0.97, 1.0];
         for t in 0..10 {
             p.touch(&at(1, t * 1000, 8, &q));
@@ -683,5 +937,159 @@ mod tests {
         p.touch(&at(2, 3_600_000, 1, &q));
         // Context 1 was read twice an hour ago (six half-lives): less than context 2's once now.
         assert!(p.contexts[&1].ln_freq < p.contexts[&2].ln_freq);
+    }
+
+    /// A planner whose options may also be held in memory, where loads take a tenth of the
+    /// log's delay.
+    fn tiered(budget: u64, dram_budget: u64) -> Planner {
+        let options = options();
+        let held = options.iter().take(options.len() - 1).map(|o| o.delay_s / 10.0).collect();
+        Planner::new(PlannerConfig {
+            alpha: 0.5,
+            half_life_ms: 600_000,
+            budget_bytes: budget,
+            options,
+            dram: DramChoice { budget_bytes: dram_budget, delay_s: held },
+        })
+    }
+
+    /// The bytes per tier recounted from every context, as the planner should hold them.
+    fn recount(p: &Planner) -> [f64; 2] {
+        let mut bytes = [0.0; 2];
+        for c in p.contexts.values() {
+            bytes[0] += p.bytes_in(c, c.choice(), Tier::Dram);
+            bytes[1] += p.bytes_in(c, c.choice(), Tier::Ssd);
+        }
+        bytes
+    }
+
+    #[test]
+    fn memory_holds_the_hot_contexts_and_both_budgets_hold() {
+        // Room in memory for one context of 8 blocks of 100 bytes; on the log for two.
+        let mut p = tiered(1600, 800);
+        let q = [1.0, 0.98, 0.8, 1.0];
+        for t in 0..10 {
+            p.touch(&at(1, t * 1000, 8, &q));
+        }
+        p.touch(&at(2, 10_000, 8, &q));
+        assert_eq!(p.dram_bytes(), 1600, "both admitted into memory while it had no price");
+        let changes = p.rebalance();
+        assert!(p.dram_bytes() <= 800 && p.stored_bytes() <= 1600, "{changes:?}");
+        assert_eq!(p.in_dram(1), Some(true), "the hot context stays in memory");
+        assert_eq!(p.in_dram(2), Some(false), "the cold one leaves it: {changes:?}");
+        assert_eq!((p.option_of(1), p.option_of(2)), (0, 0), "and both keep their form on the log");
+        // Read again and again, the cold context becomes the hot one: it is held in memory
+        // again (a read brings it there), and the next rebalance moves the other out.
+        for t in 0..30 {
+            p.touch(&at(2, 20_000 + t * 1000, 8, &q));
+        }
+        assert_eq!(p.in_dram(2), Some(true));
+        p.rebalance();
+        assert!(p.dram_bytes() <= 800);
+        assert_eq!((p.in_dram(1), p.in_dram(2)), (Some(false), Some(true)));
+        // Without a DRAM budget the planner decides nothing of memory.
+        let mut flat = planner(1600);
+        flat.touch(&at(1, 0, 8, &q));
+        assert_eq!((flat.in_dram(1), flat.dram_bytes()), (None, 0));
+    }
+
+    #[test]
+    fn every_sequence_keeps_the_counts_the_budgets_and_lossy_forms_final() {
+        let mut rng = kvhoard_kernels::rng::Rng::new(11);
+        for case in 0..100 {
+            let mut p = tiered(2000 + rng.below(4000), rng.below(2000));
+            for step in 0..200u64 {
+                let id = rng.below(12);
+                let quality = [1.0, 0.95 + f64::from(rng.uniform()) * 0.04, 0.7 + f64::from(rng.uniform()) * 0.2, 1.0];
+                match rng.below(10) {
+                    0 => p.resize(id, 1 + rng.below(10)),
+                    1 => p.forget(id),
+                    2 => p.set_ratio(1 + rng.below(2) as usize, 0.2 + f64::from(rng.uniform()) * 0.5),
+                    3 => p.set_quality(id, &quality),
+                    _ => p.touch(&at(id, step * 500, 1 + rng.below(10), &quality)),
+                }
+                let before: HashMap<u64, (usize, bool)> =
+                    p.contexts.iter().map(|(id, c)| (*id, (c.option, c.dram))).collect();
+                for change in p.rebalance() {
+                    let (was, _) = before[&change.context];
+                    let lossy = p.config.options[was].lossy;
+                    assert!(
+                        !lossy || change.option == was || change.option == p.dropped(),
+                        "case {case}: a lossy form {was} became {}",
+                        change.option
+                    );
+                }
+                let [dram, ssd] = recount(&p);
+                assert!(
+                    (dram - p.bytes[0]).abs() < 1e-6 && (ssd - p.bytes[1]).abs() < 1e-6,
+                    "case {case}: counts drift"
+                );
+                assert!(p.stored_bytes() <= p.config.budget_bytes, "case {case} step {step}: over the log's budget");
+                assert!(p.dram_bytes() <= p.config.dram.budget_bytes, "case {case} step {step}: over memory's budget");
+                assert!(p.contexts.values().all(|c| !c.dram || c.option != p.dropped()), "a dropped context in memory");
+            }
+        }
+    }
+
+    /// Total utility (at current frequencies) of the best choice per context within both
+    /// budgets, by brute force.
+    fn brute_force_tiered(p: &Planner, ids: &[u64]) -> f64 {
+        let choices: Vec<Choice> = p.choices().collect();
+        let n = choices.len();
+        let mut best = f64::NEG_INFINITY;
+        for code in 0..n.pow(ids.len() as u32) {
+            let mut rest = code;
+            let (mut u, mut dram, mut ssd) = (0.0, 0.0, 0.0);
+            for id in ids {
+                let c = &p.contexts[id];
+                let k = choices[rest % n];
+                rest /= n;
+                u += p.utility_of(c, k) * c.blocks as f64 * c.ln_freq.exp();
+                dram += p.bytes_in(c, k, Tier::Dram);
+                ssd += p.bytes_in(c, k, Tier::Ssd);
+            }
+            if ssd <= p.config.budget_bytes as f64 && dram <= p.config.dram.budget_bytes as f64 {
+                best = best.max(u);
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn the_tiered_greedy_lands_near_the_optimum() {
+        let mut rng = kvhoard_kernels::rng::Rng::new(5);
+        for case in 0..200 {
+            let contexts = 2 + case % 3;
+            let mut p = tiered(0, 0);
+            let mut raw_total = 0;
+            for id in 0..contexts as u64 {
+                let blocks = 1 + rng.below(8);
+                let quality =
+                    vec![1.0, 0.99 - f64::from(rng.uniform()) * 0.05, 0.9 - f64::from(rng.uniform()) * 0.3, 1.0];
+                for t in 0..=rng.below(5) {
+                    p.touch(&at(id, t * 1000, blocks, &quality));
+                }
+                raw_total += blocks * 100;
+            }
+            p.config.budget_bytes = rng.below(raw_total + 1);
+            p.set_dram_budget(1 + rng.below(raw_total / 2 + 1));
+            let ids: Vec<u64> = (0..contexts as u64).collect();
+            let optimum = brute_force_tiered(&p, &ids);
+            p.rebalance();
+            assert!(p.stored_bytes() <= p.config.budget_bytes && p.dram_bytes() <= p.config.dram.budget_bytes);
+            let got: f64 =
+                p.contexts.values().map(|c| p.utility_of(c, c.choice()) * c.blocks as f64 * c.ln_freq.exp()).sum();
+            // Within the utility of the largest single change of any context, as with one tier.
+            let step = p
+                .contexts
+                .values()
+                .map(|c| {
+                    let best = p.choices().map(|k| p.utility_of(c, k)).fold(f64::NEG_INFINITY, f64::max);
+                    let worst = p.choices().map(|k| p.utility_of(c, k)).fold(f64::INFINITY, f64::min);
+                    (best - worst) * c.blocks as f64 * c.ln_freq.exp()
+                })
+                .fold(0.0, f64::max);
+            assert!(got + step + 1e-9 >= optimum, "case {case}: {got} vs optimum {optimum} (step {step})");
+        }
     }
 }

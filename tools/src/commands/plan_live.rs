@@ -33,16 +33,26 @@ fn render(view: &Value) -> String {
         .map_or(Vec::new(), |o| o.iter().map(|o| o["name"].as_str().unwrap_or("?")).collect());
     let name = |k: &Value| k.as_u64().and_then(|k| options.get(k as usize).copied()).unwrap_or("?");
     let report = &view["report"];
+    let human = |v: &Value| crate::size::human(v.as_u64().unwrap_or(0));
     let mut out = format!(
-        "planner: {} contexts, {} of {} budget kept, {:.3} s of CPU deciding\n\noptions:\n",
+        "planner: {} contexts, {} of {} budget kept, {:.3} s of CPU deciding\n",
         report["contexts"],
-        crate::size::human(report["planned_bytes"].as_u64().unwrap_or(0)),
-        crate::size::human(report["budget_bytes"].as_u64().unwrap_or(0)),
+        human(&report["planned_bytes"]),
+        human(&report["budget_bytes"]),
         report["cpu_s"].as_f64().unwrap_or(0.0),
     );
-    for o in view["options"].as_array().into_iter().flatten() {
+    if report["dram_budget_bytes"].as_u64().unwrap_or(0) > 0 {
         out.push_str(&format!(
-            "  {:<16} ratio {:.3}  delay {:.1} ms\n",
+            "DRAM tier: {} of {} budget held in memory\n",
+            human(&report["dram_planned_bytes"]),
+            human(&report["dram_budget_bytes"])
+        ));
+    }
+    out.push_str("\noptions:\n");
+    for o in view["options"].as_array().into_iter().flatten() {
+        let held = o["dram_delay_s"].as_f64().map_or_else(String::new, |d| format!(", {:.1} ms in memory", d * 1e3));
+        out.push_str(&format!(
+            "  {:<16} ratio {:.3}  delay {:.1} ms{held}\n",
             o["name"].as_str().unwrap_or("?"),
             o["ratio"].as_f64().unwrap_or(0.0),
             o["delay_s"].as_f64().unwrap_or(0.0) * 1e3
@@ -61,7 +71,7 @@ fn render(view: &Value) -> String {
             c["blocks"].as_u64().unwrap_or(0),
             crate::size::human(c["block_bytes"].as_u64().unwrap_or(0)),
             c["freq"].as_f64().unwrap_or(0.0),
-            name(&c["option"]),
+            format!("{}{}", name(&c["option"]), if c["dram"].as_bool() == Some(true) { " +dram" } else { "" }),
             // An option closed to the context (-inf) comes as null.
             c["utility"].get(option).and_then(Value::as_f64).map_or_else(|| "-".to_string(), |u| format!("{u:.4}")),
         ));
@@ -69,11 +79,12 @@ fn render(view: &Value) -> String {
     out.push_str("\nnext steps if over budget (cheapest first):\n");
     for s in view["next_steps"].as_array().into_iter().flatten() {
         out.push_str(&format!(
-            "  {:016x} {} -> {}: frees {}, loses {:.3e} per byte\n",
+            "  {:016x} {} -> {}: frees {}{}, loses {:.3e} per byte\n",
             s["context"].as_u64().unwrap_or(0),
             name(&s["from"]),
             name(&s["to"]),
-            crate::size::human(s["bytes_freed"].as_u64().unwrap_or(0)),
+            human(&s["bytes_freed"]),
+            if s["from_dram"].as_bool() == Some(true) { " of memory" } else { "" },
             s["loss_per_byte"].as_f64().unwrap_or(0.0),
         ));
     }
@@ -92,14 +103,18 @@ mod tests {
                 {"name": "quant:bits=8", "ratio": 0.53, "delay_s": 0.006},
                 {"name": "dropped", "ratio": 0.0, "delay_s": 0.017}
             ],
-            "report": {"policy": "planner", "contexts": 2, "planned_bytes": 3145728, "budget_bytes": 4194304, "cpu_s": 0.002},
-            "contexts": [{"context": 255, "blocks": 3, "block_bytes": 1048576, "option": 1, "freq": 2.0,
+            "report": {"policy": "planner", "contexts": 2, "planned_bytes": 3145728, "budget_bytes": 4194304,
+                       "dram_planned_bytes": 1048576, "dram_budget_bytes": 2097152, "cpu_s": 0.002},
+            "contexts": [{"context": 255, "blocks": 3, "block_bytes": 1048576, "option": 1, "dram": true, "freq": 2.0,
                           "quality": [1.0, 0.99, 1.0], "utility": [0.1, 0.09, 0.05]}],
-            "next_steps": [{"context": 255, "from": 1, "to": 2, "loss_per_byte": 1e-9, "bytes_freed": 1572864}]
+            "next_steps": [{"context": 255, "from": 1, "to": 2, "from_dram": false, "loss_per_byte": 1e-9, "bytes_freed": 1572864},
+                           {"context": 255, "from": 1, "to": 1, "from_dram": true, "loss_per_byte": 2e-9, "bytes_freed": 1572864}]
         });
         let text = render(&view);
         assert!(text.contains("planner: 2 contexts, 3.0 MiB of 4.0 MiB budget kept"), "{text}");
-        assert!(text.contains("00000000000000ff       3    1.0 MiB     2.000  quant:bits=8"), "{text}");
-        assert!(text.contains("quant:bits=8 -> dropped: frees 1.5 MiB"), "{text}");
+        assert!(text.contains("DRAM tier: 1.0 MiB of 2.0 MiB budget held in memory"), "{text}");
+        assert!(text.contains("00000000000000ff       3    1.0 MiB     2.000  quant:bits=8 +dram"), "{text}");
+        assert!(text.contains("quant:bits=8 -> dropped: frees 1.5 MiB, loses"), "{text}");
+        assert!(text.contains("quant:bits=8 -> quant:bits=8: frees 1.5 MiB of memory"), "{text}");
     }
 }

@@ -14,7 +14,7 @@ use kvhoard_engine::{Clock, CreateOptions, Durability, Policy, PutOptions, ReadO
 
 use super::cache::{Cache, CacheStats, Lookup};
 use super::model::{block_bytes, block_of, sensitivity, CodecFacts, Profile};
-use super::planning::{self, PLANNER_FILL};
+use super::planning::{self, PLANNER_DRAM_FILL, PLANNER_FILL};
 use super::sim::Bandwidths;
 use super::{planner_for, PolicySpec, Setup, Tiers};
 
@@ -55,7 +55,9 @@ impl EngineCache {
         let planned = match policy.planner {
             Some(alpha) => {
                 let capacity = u64::from(segments) * create.segment_size_bytes;
-                let (config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
+                let (mut config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
+                // The volume's DRAM tier, at the scaled sizes the planner sees blocks at.
+                config.dram.budget_bytes = (tiers.dram as f64 / scale as f64 * PLANNER_DRAM_FILL) as u64;
                 let costs = super::costs_of(s);
                 let planned = planning::planned(config, &estimates, facts, &costs, Clock::manual(Arc::clone(&clock)))?;
                 Some((Arc::new(planned), estimates))

@@ -33,7 +33,7 @@ use crate::plot::{Chart, Series, SeriesLabelPosition};
 use cache::Cache;
 use kvhoard_engine::placement::group_ttl::GroupTtlConfig;
 use model::CodecFacts;
-use planning::{Costs, PlacementChoice, PLANNER_FILL};
+use planning::{Costs, PlacementChoice, PLANNER_DRAM_FILL, PLANNER_FILL};
 use run::{quantile, replay, Report};
 use setup::{ServingArgs, Setup};
 use sim::SimCache;
@@ -209,6 +209,7 @@ pub fn costs_of(s: &Setup) -> Costs {
     Costs {
         raw_block: s.raw_block,
         ssd_bps: s.bandwidths.ssd_bps,
+        dram_bps: s.bandwidths.dram_bps,
         decode_cores: s.bandwidths.decode_cores,
         recompute_s: s.gpu.prefill_s(&s.model, trace::BLOCK_TOKENS),
     }
@@ -238,7 +239,8 @@ fn sim_cache(s: &Setup, policy: &PolicySpec, facts: &[CodecFacts], tiers: Tiers)
     match policy.planner {
         // The planner keeps what it decides within most of the volume, leaving the cleaner room.
         Some(alpha) => {
-            let (config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
+            let (mut config, estimates) = planner_for(s, alpha, facts, (capacity as f64 * PLANNER_FILL) as u64);
+            config.dram.budget_bytes = (tiers.dram as f64 * PLANNER_DRAM_FILL) as u64;
             cache.with_planner(sim::Planned::new(config, estimates))
         }
         None => cache,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use kvhoard_engine::placement::load_model::LoadModel;
-use kvhoard_engine::placement::planner::{PlannerConfig, StoreOption};
+use kvhoard_engine::placement::planner::{DramChoice, PlannerConfig, StoreOption};
 use kvhoard_engine::placement::{Placement, Planned, PlannedConfig};
 use kvhoard_engine::{Clock, CodecSpec, Store};
 
@@ -28,6 +28,13 @@ pub const PLANNER_FILL: f64 = 0.7;
 /// one PCIe 4 NVMe drive's large reads.
 pub const DEFAULT_SSD_GBPS: f64 = 6.0;
 
+/// DRAM tier loads assumed unless told (the replay's `--dram-gbps`): host memory to the GPU over
+/// PCIe 4 x16.
+pub const DEFAULT_DRAM_GBPS: f64 = 20.0;
+/// Share of the DRAM tier the planner fills with the contexts it holds in memory: the tier counts
+/// payloads and evicts by itself, the planner counts records (headers too).
+pub const PLANNER_DRAM_FILL: f64 = 0.95;
+
 /// What loading and recomputing a block cost.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Costs {
@@ -35,6 +42,8 @@ pub struct Costs {
     pub raw_block: u64,
     /// Log reads, bytes per second.
     pub ssd_bps: f64,
+    /// DRAM tier loads, bytes per second.
+    pub dram_bps: f64,
     /// Cores decoding at once.
     pub decode_cores: f64,
     /// Seconds to recompute a block (the prefill of its tokens).
@@ -58,6 +67,7 @@ impl Costs {
         Costs {
             raw_block: model.bytes_per_token() * BLOCK_TOKENS,
             ssd_bps,
+            dram_bps: DEFAULT_DRAM_GBPS * 1e9,
             decode_cores: std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64,
             recompute_s: gpu.prefill_s(model, BLOCK_TOKENS),
         }
@@ -87,7 +97,11 @@ pub fn planner_config(
     options.push(StoreOption { ratio: 0.0, delay_s: costs.recompute_s, lossy: false });
     let estimates =
         (0..SENSITIVITY_LEVELS).map(|level| facts.iter().map(|f| f.estimate[level]).chain([1.0]).collect()).collect();
-    (PlannerConfig { alpha, half_life_ms: PLANNER_HALF_LIFE_MS, budget_bytes, options }, estimates)
+    // Held in memory, a block is copied from there instead of read from the log. Its budget is
+    // the DRAM tier's, known once the volume is (0 until then: no choice).
+    let held = facts.iter().map(|f| costs.raw_block as f64 * f.ratio / costs.dram_bps + costs.decode_s(f)).collect();
+    let dram = DramChoice { budget_bytes: 0, delay_s: held };
+    (PlannerConfig { alpha, half_life_ms: PLANNER_HALF_LIFE_MS, budget_bytes, options, dram }, estimates)
 }
 
 /// The engine's planned placement over `config`: each option's codec from `facts`, for
@@ -186,11 +200,14 @@ impl Placed {
         })
     }
 
-    /// `store` is open: the planner keeps its decisions within [`PLANNER_FILL`] of it.
+    /// `store` is open: the planner keeps its decisions within [`PLANNER_FILL`] of it, and what
+    /// it holds in memory within [`PLANNER_DRAM_FILL`] of its DRAM tier.
     pub fn opened(&self, store: &Store) {
         if let Some(planned) = &self.planned {
-            let capacity = store.stats().capacity_bytes;
-            planned.set_budget((capacity as f64 * PLANNER_FILL) as u64);
+            let stats = store.stats();
+            planned.set_budget((stats.capacity_bytes as f64 * PLANNER_FILL) as u64);
+            let dram = stats.tiers.iter().find(|t| t.tier == "dram").map_or(0, |t| t.capacity_bytes);
+            planned.set_dram_budget((dram as f64 * PLANNER_DRAM_FILL) as u64);
         }
     }
 }

@@ -178,7 +178,11 @@ fn bandwidths(
     calibrate_on: Option<(&Path, u64)>,
 ) -> anyhow::Result<Bandwidths> {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
-    let mut bw = Bandwidths { dram_bps: 20e9, ssd_bps: super::planning::DEFAULT_SSD_GBPS * 1e9, decode_cores: cores };
+    let mut bw = Bandwidths {
+        dram_bps: super::planning::DEFAULT_DRAM_GBPS * 1e9,
+        ssd_bps: super::planning::DEFAULT_SSD_GBPS * 1e9,
+        decode_cores: cores,
+    };
     if let Some(path) = &args.measured {
         let (ssd, dram) = measured_bandwidths(path)?;
         bw.ssd_bps = ssd.unwrap_or(bw.ssd_bps);

@@ -340,6 +340,14 @@ impl Planned {
 }
 
 impl SimCache {
+    /// Whether a block of `context` enters the DRAM tier: the planner's decision where it makes
+    /// one, else placement's `placed`.
+    fn held(&self, context: u64, placed: bool) -> bool {
+        self.planner.as_ref().and_then(|p| p.planner.in_dram(context)).unwrap_or(placed)
+    }
+}
+
+impl SimCache {
     /// This cache with its codecs chosen per context by `planned`.
     pub fn with_planner(mut self, planned: Planned) -> SimCache {
         self.planner = Some(planned);
@@ -381,15 +389,21 @@ impl SimCache {
         let changes = p.planner.rebalance();
         p.cpu += started.elapsed();
         let dropped = u8::try_from(self.codecs.len()).unwrap_or(u8::MAX);
-        let mut last: HashMap<u64, usize> = HashMap::new();
+        let mut last: HashMap<u64, (usize, bool)> = HashMap::new();
         for c in changes {
-            last.insert(c.context, c.option);
+            last.insert(c.context, (c.option, c.dram));
         }
-        let mut contexts: Vec<(u64, usize)> = last.into_iter().collect();
-        contexts.sort_unstable();
-        for (context, option) in contexts {
+        let mut contexts: Vec<(u64, (usize, bool))> = last.into_iter().collect();
+        contexts.sort_unstable_by_key(|(context, _)| *context);
+        for (context, (option, held)) in contexts {
             let option = u8::try_from(option).unwrap_or(dropped);
             let ids = p.blocks.get(&context).cloned().unwrap_or_default();
+            if !held {
+                // Out of memory: its copies leave the DRAM tier.
+                for id in &ids {
+                    self.dram.remove(&Self::fp(*id));
+                }
+            }
             for id in ids {
                 let Some(e) = self.index.get(&id).copied() else { continue };
                 if e.group != context || e.codec == option {
@@ -448,7 +462,8 @@ impl Cache for SimCache {
                     lookup.dram_hits += 1;
                     stored as f64 / self.bandwidths.dram_bps
                 } else {
-                    if self.placement.on_load(&info) {
+                    let placed = self.placement.on_load(&info);
+                    if self.held(e.group, placed) {
                         self.dram.insert(Self::fp(id), loc, stored, ());
                     }
                     stored as f64 / self.bandwidths.ssd_bps
@@ -496,7 +511,8 @@ impl Cache for SimCache {
                 policy: &REPLAY_POLICY,
                 codec: self.facts(codec).spec,
             };
-            if let (Some(e), true) = (e, self.placement.on_put(&info).dram) {
+            let placed = self.placement.on_put(&info).dram;
+            if let (Some(e), true) = (e, self.held(group, placed)) {
                 self.dram.insert(Self::fp(id), Loc { segment: e.segment, unit: e.unit }, e.record - UNIT, ());
             }
         }
