@@ -188,6 +188,13 @@ fn the_planners_delays_follow_what_the_stores_loads_take() {
     // No DRAM tier: every load is the log's.
     let opts = StoreOptions { placement: planner.clone(), dram_tier_bytes: 0, ..StoreOptions::default() };
     let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    // Blocks kept as put (the planner would otherwise store them lossless, whose delay is lower):
+    // no get decodes, so each codec's decoding stays as configured.
+    let raw_only = kvhoard_engine::NsSettings {
+        codecs: Some(Arc::from(vec![CodecSpec::parse("raw").unwrap()])),
+        ..Default::default()
+    };
+    store.set_policy("n", Policy { settings: raw_only, ..Default::default() }).unwrap();
     let delays = || planner.plan_view(0).unwrap().options.iter().map(|o| o.delay_s).collect::<Vec<_>>();
     let configured = delays();
     let key = |i: u32| format!("k{i}");

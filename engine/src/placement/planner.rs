@@ -471,15 +471,15 @@ impl Planner {
 
     /// Admission: the choice worth most for `c` at the current prices of bytes (the utility lost
     /// per byte by the last step placement took in each tier), so that what the next rebalance
-    /// would compress or drop is not written raw first. Before any step on the log, the first
-    /// option.
+    /// would compress or drop is not written raw first. Before any step a byte costs nothing,
+    /// and the choice is the one of highest utility: a codec whose faster load is worth more than
+    /// the quality it loses is chosen even while there is room (EvicPress starts every context at
+    /// its best configuration).
     fn admission(&self, c: &Context) -> Choice {
         let dropped = self.dropped();
         let first = Choice { option: 0, dram: self.dram_choice() };
-        let logged = self.ln_price.get(Tier::Ssd as usize).copied().flatten().is_some();
-        let candidates: Vec<Choice> = self.choices().filter(|k| k.option != dropped).collect();
-        let candidates = candidates.into_iter().filter(|k| logged || k.option == 0);
-        candidates
+        self.choices()
+            .filter(|k| k.option != dropped)
             .map(|k| (k, self.worth(c, k)))
             .filter(|(_, worth)| worth.is_finite())
             .fold((first, f64::NEG_INFINITY), |best, x| if x.1 > best.1 { x } else { best })
