@@ -46,6 +46,9 @@ pub(crate) struct Metrics {
     /// Blocks recoded to a lossy form from their original bytes (the population quality is
     /// sampled from).
     pub lossy_recodes: AtomicU64,
+    /// Blocks put in a lossy form placement chose for their context (the other population
+    /// quality is sampled from).
+    pub lossy_puts: AtomicU64,
     /// Of those, blocks whose quality was estimated and told to placement.
     pub quality_samples: AtomicU64,
     /// Samples after which placement scored the block's context again (below what it assumed by

@@ -198,10 +198,12 @@ fn cleaning_keeps_lossy_forms_as_they_are_and_the_rest_of_a_ttl() {
     check(&store, &expected, "after cleaning");
 }
 
-/// Quantizes every block to 2 bits and keeps the quality reports it is told.
+/// Quantizes every block to 2 bits (when cleaning reaches it, and with `at_put` when it is put)
+/// and keeps the quality reports it is told.
 #[derive(Debug, Default)]
 struct QuantizeHard {
     reports: std::sync::Mutex<Vec<(u64, f64, f64)>>,
+    at_put: bool,
 }
 
 impl Placement for QuantizeHard {
@@ -223,6 +225,9 @@ impl Placement for QuantizeHard {
     fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
         self.reports.lock().unwrap().push((context, observed, drift));
         true
+    }
+    fn codec_at_put(&self, _: &BlockInfo<'_>) -> Option<CodecSpec> {
+        self.at_put.then(|| CodecSpec::quant(2, 32, 0))
     }
 }
 
@@ -263,4 +268,37 @@ fn cleaning_samples_the_quality_of_what_it_quantizes_and_tells_placement() {
         store.recompress("lossy", "mine", q8(), Durability::Written).unwrap();
     }
     assert_eq!(store.stats().quality_samples, before);
+}
+
+#[test]
+fn a_put_placement_quantizes_is_sampled_for_quality_too() {
+    let placement = Arc::new(QuantizeHard { at_put: true, ..QuantizeHard::default() });
+    let dev = Arc::new(MemDevice::new(SEG * 16));
+    let opts = StoreOptions { placement: placement.clone(), ..StoreOptions::default() };
+    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    let settings = kvhoard_engine::NsSettings { drift: Some(0.1), ..Default::default() };
+    store.set_policy("lossy", Policy { lossy: true, settings, ..Default::default() }).unwrap();
+    let put = |ns: &str, i: u64, codec: Option<CodecSpec>| {
+        let opts = PutOptions { desc: Some(shape().desc()), group: Some(i), codec, ..PutOptions::default() };
+        store.put(ns, &format!("k{i}"), &Synth::for_desc(shape(), i + 1).generate(), &opts).unwrap();
+    };
+    for i in 0..40u64 {
+        put("lossy", i, None);
+    }
+    let stats = store.stats();
+    assert_eq!(stats.compressed, 40, "placement's codec is applied at put: {stats:?}");
+    // The first, the seventeenth and the thirty-third.
+    assert_eq!(stats.quality_samples, 3, "{stats:?}");
+    let reports = placement.reports.lock().unwrap().clone();
+    let contexts: Vec<u64> =
+        [0u64, 16, 32].iter().map(|i| kvhoard_engine::placement::context_of(Some(*i), "lossy", "")).collect();
+    assert_eq!(reports.iter().map(|r| r.0).collect::<Vec<_>>(), contexts, "each report names its block's context");
+    assert!(reports.iter().all(|&(_, q, drift)| q > 0.0 && q < 0.9 && drift == 0.1), "{reports:?}");
+    // A codec the client names, and a namespace that denies lossy codecs (placement's choice is
+    // refused there, the namespace's own is used): not placement's lossy forms, not sampled.
+    for i in 40..80u64 {
+        put("lossy", i, Some(CodecSpec::quant(2, 32, 0)));
+        put("strict", i, None);
+    }
+    assert_eq!(store.stats().quality_samples, 3);
 }

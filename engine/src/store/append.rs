@@ -14,6 +14,7 @@ use kvhoard_format::UNIT_BYTES;
 use kvhoard_kernels::CodecSpec;
 use std::sync::atomic::Ordering;
 
+use super::sample::Sampled;
 use super::Store;
 use crate::buffer::{BufferPool, PooledBuf};
 use crate::codec::stored_codec;
@@ -99,6 +100,17 @@ impl<'a> Prepared<'a> {
     }
 }
 
+/// How a put's blocks are compressed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Coding {
+    /// The codec (`None`: stored as put).
+    pub(super) spec: Option<CodecSpec>,
+    /// Whether placement chose it for the blocks' context: one lossy block in
+    /// [`super::sample::QUALITY_SAMPLE_EVERY`] so stored is then sampled for the quality it
+    /// keeps.
+    pub(super) placed: bool,
+}
+
 impl Store {
     /// `prepare` for each checked item, in order, on this thread (a batch worth more threads is
     /// streamed: `put_stream.rs`).
@@ -106,32 +118,32 @@ impl Store {
         &self,
         namespace: &str,
         items: Vec<(RecordHeader, &'a [u8])>,
-        codec: Option<CodecSpec>,
+        codec: Coding,
     ) -> Vec<Prepared<'a>> {
         let parts = &*self.parts;
         let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
         // One large block to compress: hashing it runs beside the codec.
-        let alongside = parts.cores > 1 && codec.is_some() && bytes >= PARALLEL_MIN_BYTES;
+        let alongside = parts.cores > 1 && codec.spec.is_some() && bytes >= PARALLEL_MIN_BYTES;
         items.into_iter().map(|(header, bytes)| parts.prepare(namespace, header, bytes, codec, alongside)).collect()
     }
 }
 
 impl Parts {
-    /// Hashes one block whose header the put checked, compresses it with `codec` if one is
-    /// given (`alongside`: hashing on a thread of its own meanwhile, for a large block put
-    /// alone), and decides between a block and a link record.
+    /// Hashes one block whose header the put checked, compresses it as `codec` says
+    /// (`alongside`: hashing on a thread of its own meanwhile, for a large block put alone),
+    /// and decides between a block and a link record.
     pub(super) fn prepare<'a>(
         &self,
         namespace: &str,
         mut header: RecordHeader,
         bytes: &'a [u8],
-        codec: Option<CodecSpec>,
+        codec: Coding,
         alongside: bool,
     ) -> Prepared<'a> {
         let mut compressed = None;
         if header.compression.is_none() {
             let compress = |desc: &kvhoard_format::BlockDesc| {
-                codec.map(|spec| (spec, self.codecs.compress(spec, desc, bytes, &self.pool)))
+                codec.spec.map(|spec| (spec, self.codecs.compress(spec, desc, bytes, &self.pool)))
             };
             let (hash, result) = if alongside {
                 std::thread::scope(|s| {
@@ -148,6 +160,11 @@ impl Parts {
             if let Some((spec, result)) = result {
                 match result {
                     Ok(c) => {
+                        if codec.placed && spec.is_lossy() {
+                            let block =
+                                Sampled { namespace, key: &header.key, group: header.group_id, desc: &header.desc };
+                            self.sample_quality(&block, bytes, &c, &self.metrics.lossy_puts);
+                        }
                         header.compression = c.meta;
                         header.stored_len = c.payload.len() as u64;
                         compressed = Some(c.payload);

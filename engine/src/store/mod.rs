@@ -21,6 +21,7 @@ mod prometheus;
 mod put;
 mod put_stream;
 pub(crate) mod recode;
+mod sample;
 mod stats;
 mod submit;
 

@@ -5,7 +5,7 @@
 use kvhoard_format::record::{validate_key, validate_namespace, RecordHeader, RecordKind};
 use kvhoard_format::{BlockDesc, CompressionMeta};
 
-use super::append::{Prepared, PARALLEL_MIN_BYTES, SOURCE_CHANGED};
+use super::append::{Coding, Prepared, PARALLEL_MIN_BYTES, SOURCE_CHANGED};
 use super::Store;
 use crate::block::BlockMeta;
 use crate::error::{Result, StoreError};
@@ -42,7 +42,7 @@ impl Store {
         let codec = match &opts.compression {
             Some(meta) => {
                 policy.allows_frame(namespace, meta)?;
-                None
+                Coding { spec: None, placed: false }
             }
             // Placement's codec is for one context: a batch with a group, or a single block.
             None if opts.codec.is_none() && (opts.group.is_some() || checked.len() == 1) => {
@@ -59,11 +59,11 @@ impl Store {
                     })
                 });
                 match placed.map(|spec| policy.codec_for(namespace, Some(spec))) {
-                    Some(Ok(codec)) => codec,
-                    _ => policy.codec_for(namespace, None)?,
+                    Some(Ok(spec)) => Coding { spec, placed: true },
+                    _ => Coding { spec: policy.codec_for(namespace, None)?, placed: false },
                 }
             }
-            None => policy.codec_for(namespace, opts.codec)?,
+            None => Coding { spec: policy.codec_for(namespace, opts.codec)?, placed: false },
         };
         // A large batch is streamed: prepared (hashed, compressed, checksummed, copied) on every
         // core and handed to the log writer block by block in order, so the device queue fills

@@ -14,9 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use kvhoard_format::record::RecordHeader;
-use kvhoard_kernels::CodecSpec;
 
-use super::append::Prepared;
+use super::append::{Coding, Prepared};
 use super::Store;
 use crate::error::{Result, StoreError};
 use crate::log::Pos;
@@ -81,7 +80,7 @@ impl Store {
         &self,
         namespace: &str,
         checked: Vec<(RecordHeader, &[u8])>,
-        codec: Option<CodecSpec>,
+        codec: Coding,
         workers: usize,
     ) -> Result<(Vec<[u8; 32]>, Pos)> {
         let parts = &*self.parts;

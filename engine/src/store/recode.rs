@@ -2,27 +2,21 @@
 //! for [`Store::recompress`] (a client asks) and for cleaning (placement asks,
 //! `reclaim/clean.rs`).
 
-use std::sync::atomic::Ordering;
-
 use kvhoard_format::record::RecordHeader;
 use kvhoard_kernels::CodecSpec;
 
 use super::append::{Prepared, SOURCE_CHANGED};
 use super::decode::Dropped;
 use super::put::replacement;
+use super::sample::Sampled;
 use super::Store;
 use crate::block::Block;
 use crate::buffer::PooledBuf;
-use crate::codec::{spec_of, Compressed, Skipped};
+use crate::codec::{spec_of, Skipped};
 use crate::error::{Result, StoreError};
 use crate::index::key_fp;
 use crate::options::{Durability, ReadOptions};
 use crate::parts::Parts;
-use crate::placement::context_of;
-
-/// Blocks recoded to a lossy form per quality estimate: an estimate decodes the new form and
-/// compares attention outputs with the original, about as much CPU as the recoding itself.
-pub(crate) const QUALITY_SAMPLE_EVERY: u64 = 16;
 
 /// What recoding a block gives.
 pub(crate) enum Recoded {
@@ -46,7 +40,7 @@ impl Parts {
     /// dropped.
     ///
     /// With `by_placement` (cleaning carries out placement's plan, so `codec` is the form
-    /// placement chose for the block's context), one lossy recoding in [`QUALITY_SAMPLE_EVERY`]
+    /// placement chose for the block's context), one lossy recoding in [`super::sample::QUALITY_SAMPLE_EVERY`]
     /// also estimates the quality the new form keeps and tells placement.
     pub(crate) fn recode(
         &self,
@@ -85,7 +79,8 @@ impl Parts {
             Some(spec) => match self.codecs.compress(spec, &meta.desc, &decoded, &self.pool) {
                 Ok(c) => {
                     if by_placement && spec.is_lossy() && !current.is_lossy() {
-                        self.sample_quality(namespace, key, &meta, &decoded, &c);
+                        let block = Sampled { namespace, key, group: meta.group_id, desc: &meta.desc };
+                        self.sample_quality(&block, &decoded, &c, &self.metrics.lossy_recodes);
                     }
                     header.compression = c.meta;
                     Some(c.payload)
@@ -115,32 +110,6 @@ impl Parts {
         header.payload_crc = crc32c::crc32c(&stored);
         header.validate()?;
         Ok(Recoded::New { header: Box::new(header), stored })
-    }
-}
-
-impl Parts {
-    /// One block in [`QUALITY_SAMPLE_EVERY`] recoded to a lossy form from its original bytes:
-    /// estimates the quality the new form keeps and tells placement, as a client's report of
-    /// the block's context would (a planner scores the context again when it is below what it
-    /// assumed by more than the namespace's drift).
-    fn sample_quality(
-        &self,
-        namespace: &str,
-        key: &str,
-        meta: &crate::block::BlockMeta,
-        original: &[u8],
-        compressed: &Compressed,
-    ) {
-        if !self.metrics.lossy_recodes.fetch_add(1, Ordering::Relaxed).is_multiple_of(QUALITY_SAMPLE_EVERY) {
-            return;
-        }
-        let Some(quality) = self.codecs.quality(&meta.desc, original, compressed, &self.pool) else { return };
-        self.metrics.quality_samples.fetch_add(1, Ordering::Relaxed);
-        let drift = self.policies.get(namespace).settings.drift();
-        let context = context_of(meta.group_id, namespace, key);
-        if self.placement.report_quality(context, quality, drift) {
-            self.metrics.quality_rescored.fetch_add(1, Ordering::Relaxed);
-        }
     }
 }
 

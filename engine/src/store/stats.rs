@@ -95,8 +95,8 @@ pub struct Stats {
     pub recompressed_records: u64,
     /// Bytes the recompressed records take less than the ones they replaced.
     pub recompressed_saved_bytes: u64,
-    /// Blocks recoded to a lossy form whose quality was estimated (one in
-    /// `QUALITY_SAMPLE_EVERY`) and told to placement.
+    /// Blocks stored in a lossy form placement chose (put in it, or recoded to it by cleaning)
+    /// whose quality was estimated (one in 16 of each) and told to placement.
     pub quality_samples: u64,
     /// Of those, samples after which placement scored the block's context again.
     pub quality_rescored: u64,
