@@ -11,10 +11,12 @@
 //!   reads count once, as the client waiting for it sees them);
 //! - `dram_share` is the share of loads the DRAM tier served; a DRAM hit is counted as costing
 //!   no read (a memory copy, a hundredth of the log's time) but is still decoded;
-//! - `decode_bps` is the option's codec's decoding speed on one core, measured on the blocks gets
-//!   decoded (until some were, the configured decoding time is kept), and `cores` the cores a
-//!   batch decodes on: the planner weighs loading a context, whose blocks a client asks for
-//!   together, as the LMCache plugins and the Python package do.
+//! - `decode_bps` is the option's codec's decoding speed on one core, measured on the blocks the
+//!   store decoded (until some were, the configured decoding time is kept), and `cores` the cores
+//!   a batch decodes on: the planner weighs loading a context, whose blocks a client asks for
+//!   together, as the LMCache plugins and the Python package do. (The read term takes a lone
+//!   get's read at its whole latency and a batch's per byte: what the clients did. Both terms
+//!   follow the formula the configured delays were made with.)
 //!
 //! "Dropped" (recomputing) is the serving engine's cost, which the store does not see: its delay
 //! stays as configured.
@@ -38,7 +40,7 @@ pub struct LoadModel {
     /// Raw bytes of the block the options' delays are for.
     pub block_bytes: u64,
     /// Per kept option (every one but "dropped"): the seconds of its configured delay that
-    /// decoding takes.
+    /// decoding takes (on the log, and held in memory alike).
     pub decode_s: Vec<f64>,
 }
 
@@ -64,14 +66,16 @@ impl LoadModel {
     /// saw fewer than [`SPEED_MIN_LOADS`] loads from the log.
     ///
     /// Where the planner decides what the DRAM tier holds ([`PlannerConfig::dram_choice`]), a
-    /// load from the log is weighed as one and a load from memory keeps its configured copy
-    /// time (only its decoding follows); otherwise the DRAM tier's share of loads costs no read.
+    /// load from the log is weighed as one and a load from memory is its configured copy time,
+    /// `copy_s` per kept option, plus the decoding; otherwise the DRAM tier's share of loads
+    /// costs no read.
     pub fn follow(
         &self,
         window: &SpeedTotals,
         config: &PlannerConfig,
         codecs: &[Option<CodecSpec>],
         decode_s: &mut [f64],
+        copy_s: &[f64],
     ) -> Vec<(usize, f64, f64)> {
         let block = self.block_bytes as f64;
         let log_bps = window.log.bytes_per_s().filter(|_| window.log.blocks >= SPEED_MIN_LOADS);
@@ -81,7 +85,6 @@ impl LoadModel {
         let off = |now: f64, was: f64| was <= 0.0 || (now / was - 1.0).abs() > DELAY_TOLERANCE;
         let mut changed = Vec::new();
         for (k, (codec, decode)) in codecs.iter().zip(decode_s.iter_mut()).enumerate() {
-            let before = *decode;
             if let Some(spec) = codec {
                 let r = window.decoding(spec);
                 if let Some(bps) = r.bytes_per_s().filter(|_| r.blocks >= SPEED_MIN_DECODES) {
@@ -91,7 +94,7 @@ impl LoadModel {
             let Some(o) = config.options.get(k) else { continue };
             let delay = o.ratio * block * misses / log_bps + *decode;
             let held = config.dram.delay_s.get(k).copied().unwrap_or(0.0);
-            let held_now = (held - before).max(0.0) + *decode;
+            let held_now = copy_s.get(k).copied().unwrap_or(0.0) + *decode;
             if off(delay, o.delay_s) || (config.dram_choice() && off(held_now, held)) {
                 changed.push((k, delay, held_now));
             }
@@ -137,17 +140,40 @@ mod tests {
         let model = LoadModel { block_bytes: 64_000_000, decode_s: vec![0.0, 0.002] };
         let mut decode = model.decode_s.clone();
         // A log at 1 GB/s, no DRAM hits, quant not decoded yet: its configured decoding is kept.
-        let got = model.follow(&window(100, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode);
+        let got = model.follow(&window(100, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode, &[]);
         assert_eq!(got.len(), 2, "{got:?}");
         assert!((got[0].1 - 0.064).abs() < 1e-9, "{got:?}");
         assert!((got[1].1 - (0.032 + 0.002)).abs() < 1e-9, "{got:?}");
         // Half the loads from DRAM, quant decoded at 4 GB/s on one core (two cores: 8 ms).
         let decoded = Rate { blocks: 10, bytes: 4_000_000_000, secs: 1.0 };
         let got =
-            model.follow(&window(100, 1e9, 100, vec![(quant, decoded)]), &config(options()), &codecs, &mut decode);
+            model.follow(&window(100, 1e9, 100, vec![(quant, decoded)]), &config(options()), &codecs, &mut decode, &[]);
         assert!((got[0].1 - 0.032).abs() < 1e-9, "{got:?}");
         assert!((got[1].1 - (0.016 + 0.008)).abs() < 1e-9, "{got:?}");
         assert!((decode[1] - 0.008).abs() < 1e-12);
+    }
+
+    #[test]
+    fn where_the_planner_decides_memory_a_load_from_memory_is_a_copy_then_the_decoding() {
+        let quant = CodecSpec::parse("quant:bits=8").unwrap();
+        let codecs = [None, Some(quant)];
+        let model = LoadModel { block_bytes: 64_000_000, decode_s: vec![0.0, 0.002] };
+        let mut decode = model.decode_s.clone();
+        let mut tiered = config(options());
+        tiered.dram = DramChoice { budget_bytes: 1, delay_s: vec![0.0005, 0.0025] };
+        let copy = [0.0005, 0.0005];
+        // Half the loads from memory: a load from the log is still weighed whole.
+        let decoded = Rate { blocks: 10, bytes: 4_000_000_000, secs: 1.0 };
+        let window = window(100, 1e9, 100, vec![(quant, decoded)]);
+        let got = model.follow(&window, &tiered, &codecs, &mut decode, &copy);
+        assert!((got[0].1 - 0.064).abs() < 1e-9 && (got[0].2 - 0.0005).abs() < 1e-12, "{got:?}");
+        assert!((got[1].1 - (0.032 + 0.008)).abs() < 1e-9 && (got[1].2 - 0.0085).abs() < 1e-12, "{got:?}");
+        // Followed again with nothing new: the copy time does not drift.
+        let mut tiered = tiered.clone();
+        tiered.dram.delay_s = got.iter().map(|g| g.2).collect();
+        tiered.options[0].delay_s = got[0].1;
+        tiered.options[1].delay_s = got[1].1;
+        assert!(model.follow(&window, &tiered, &codecs, &mut decode, &copy).is_empty());
     }
 
     #[test]
@@ -156,14 +182,14 @@ mod tests {
         let model = LoadModel { block_bytes: 64_000_000, decode_s: vec![0.0, 0.002] };
         let mut decode = model.decode_s.clone();
         assert!(model
-            .follow(&window(SPEED_MIN_LOADS - 1, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode)
+            .follow(&window(SPEED_MIN_LOADS - 1, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode, &[])
             .is_empty());
         let off = LoadModel::default();
-        assert!(off.follow(&window(100, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode).is_empty());
+        assert!(off.follow(&window(100, 1e9, 0, Vec::new()), &config(options()), &codecs, &mut decode, &[]).is_empty());
         // Within the tolerance: kept.
         let near = [StoreOption { delay_s: 0.0645, ..options()[0] }, StoreOption { delay_s: 0.0341, ..options()[1] }];
         assert!(model
-            .follow(&window(100, 1e9, 0, Vec::new()), &config(near.to_vec()), &codecs, &mut decode)
+            .follow(&window(100, 1e9, 0, Vec::new()), &config(near.to_vec()), &codecs, &mut decode, &[])
             .is_empty());
         assert_eq!(model.misfit(2), None);
         assert!(model.misfit(3).unwrap().contains("need 3 decoding times"));

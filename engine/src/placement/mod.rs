@@ -241,6 +241,14 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether blocks of `context` belong in the DRAM tier, for a block cleaning writes again
+    /// (relocated or recompressed), asked without counting as an access. `None`: no opinion (the
+    /// rewritten block takes its old copy's place in the tier, as before).
+    fn holds(&self, context: u64) -> Option<bool> {
+        let _ = context;
+        None
+    }
+
     /// The store opening over this placement counts its loads in `speeds` (the log's reads, the
     /// DRAM tier's hits, each codec's decoding), for a placement that weighs what loads cost.
     /// Told at every open; the last one told is the store in use.

@@ -102,6 +102,8 @@ pub struct Planned {
     codecs: Vec<Option<CodecSpec>>,
     quality: Vec<f64>,
     loads: LoadModel,
+    /// Per kept option: seconds to copy a block held in memory (its DRAM delay but decoding).
+    copy_s: Vec<f64>,
     lru: Lru,
     clock: Clock,
 }
@@ -141,6 +143,20 @@ impl Planned {
             0 => vec![0.0; config.codecs.len()],
             _ => config.loads.decode_s.clone(),
         };
+        let dram = &config.planner.dram;
+        let dram_fits = dram.delay_s.iter().all(|d| d.is_finite() && *d >= 0.0)
+            && (dram.delay_s.is_empty() || dram.delay_s.len() == config.codecs.len());
+        if !dram_fits {
+            return Err(StoreError::invalid(
+                "planner",
+                format!(
+                    "the DRAM tier's delays must be {} seconds, 0 or more, one per kept option",
+                    config.codecs.len()
+                ),
+            ));
+        }
+        // Loading a block held in memory: copying it (configured), then decoding it (measured).
+        let copy_s = dram.delay_s.iter().zip(&decode_s).map(|(d, decode)| (d - decode).max(0.0)).collect();
         let state = State {
             planner: Planner::new(config.planner),
             last_access: HashMap::new(),
@@ -156,6 +172,7 @@ impl Planned {
             codecs: config.codecs,
             quality: config.quality,
             loads: config.loads,
+            copy_s,
             lru: Lru::new(clock.clone()),
             clock,
         })
@@ -332,7 +349,8 @@ impl Planned {
         if window.log.blocks < SPEED_MIN_LOADS {
             return;
         }
-        let changed = self.loads.follow(&window, state.planner.config(), &self.codecs, &mut state.decode_s);
+        let changed =
+            self.loads.follow(&window, state.planner.config(), &self.codecs, &mut state.decode_s, &self.copy_s);
         if !changed.is_empty() {
             tracing::debug!(?changed, "planner: load delays follow the speeds measured");
             state.planner.set_delays(&changed);
@@ -353,13 +371,27 @@ impl Placement for Planned {
     }
 
     fn on_load(&self, block: &BlockInfo<'_>) -> bool {
-        let planned = self.lock().planner.in_dram(block.context);
+        // Asked before the hit is told (`on_hit`): a read that will bring the context into memory
+        // keeps the block it read.
+        let planned = self.lock().planner.holds_when_used(block.context);
         planned.unwrap_or_else(|| self.lru.on_load(block))
     }
 
     fn on_hit(&self, block: &BlockInfo<'_>) {
-        // A hit may be answered on a network thread: no rebalance here (puts and cleaning do it).
         self.access(block, 0, false);
+        // A hit may be answered on a network thread: only the DRAM tier's steps, which a read
+        // that brought a context into memory may need (a few, O(log contexts) each); the log's
+        // are left to puts and cleaning.
+        let started = Instant::now();
+        let mut state = self.lock();
+        if state.planner.over_budget() {
+            state.planner.rebalance_memory();
+        }
+        state.cpu += started.elapsed();
+    }
+
+    fn holds(&self, context: u64) -> Option<bool> {
+        self.lock().planner.in_dram(context)
     }
 
     fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
@@ -639,9 +671,21 @@ mod tests {
         assert!(!p.on_load(&info(2)), "the cold one is left on the log");
         assert!(!put(2).dram);
         assert!(p.on_load(&info(77)) == p.lru.on_load(&info(77)), "a context it does not know: as lru");
+        assert_eq!((p.holds(1), p.holds(2)), (Some(true), Some(false)), "what cleaning's rewrites follow");
+        // Read often, as a get does (the load, then the hit): the read that makes the cold
+        // context worth memory keeps the block it read, and memory stays within its budget.
+        let mut kept = false;
+        for t in 0..40 {
+            now.store(3_000 + t * 1_000, Ordering::Relaxed);
+            kept |= p.on_load(&info(2));
+            p.on_hit(&info(2));
+            assert!(p.report().dram_planned_bytes <= 1000, "{:?}", p.report());
+        }
+        assert!(kept && p.holds(2) == Some(true), "the context read most is held in memory now");
+        assert_eq!(p.holds(1), Some(false), "and the other gave way");
         let view = p.plan_view(4).unwrap();
         assert_eq!(view.options[1].dram_delay_s, Some(0.0008));
-        assert!(view.contexts.iter().any(|c| c.context == 1 && c.dram));
+        assert!(view.contexts.iter().any(|c| c.context == 2 && c.dram));
     }
 
     #[test]

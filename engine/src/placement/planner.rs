@@ -276,6 +276,18 @@ impl Planner {
         self.contexts.get(&context).map(|c| c.dram)
     }
 
+    /// Whether the planner would have the DRAM tier hold `context` once it is used now: held
+    /// already, or worth holding at the current prices (what [`Planner::touch`] will decide), so
+    /// that the read which promotes a context brings its blocks into memory. Changes nothing.
+    pub fn holds_when_used(&self, context: u64) -> Option<bool> {
+        if !self.dram_choice() {
+            return None;
+        }
+        let dropped = self.dropped();
+        let c = self.contexts.get(&context)?;
+        Some(c.dram || (c.option != dropped && self.promoted(c).dram))
+    }
+
     /// Whether holding contexts in the DRAM tier is one of the choices.
     pub fn dram_choice(&self) -> bool {
         self.config.dram_choice()
@@ -657,8 +669,19 @@ impl Planner {
     /// then until the log's bytes fit theirs (EvicPress Algorithm 1, tier by tier); returns what
     /// changed (a context may change several times; the last is what holds).
     pub fn rebalance(&mut self) -> Vec<Change> {
+        self.rebalance_tiers(&[Tier::Dram, Tier::Ssd])
+    }
+
+    /// [`Planner::rebalance`] of the DRAM tier alone: what a read that brought a context into
+    /// memory needs (a step or a few, each O(choices + log contexts)), leaving the log's steps,
+    /// which cleaning carries out, to puts and cleaning.
+    pub fn rebalance_memory(&mut self) -> Vec<Change> {
+        self.rebalance_tiers(&[Tier::Dram])
+    }
+
+    fn rebalance_tiers(&mut self, tiers: &[Tier]) -> Vec<Change> {
         let mut changes = Vec::new();
-        for tier in [Tier::Dram, Tier::Ssd] {
+        for &tier in tiers {
             while self.over(tier) {
                 let Some(step) = self.heaps.get_mut(tier as usize).and_then(BinaryHeap::pop) else { break };
                 let Some(c) = self.contexts.get(&step.context) else { continue };
@@ -1060,7 +1083,8 @@ mod tests {
         let mut rng = kvhoard_kernels::rng::Rng::new(5);
         for case in 0..200 {
             let contexts = 2 + case % 3;
-            let mut p = tiered(0, 0);
+            // Memory is a choice from the start: contexts are admitted into it.
+            let mut p = tiered(0, u64::MAX);
             let mut raw_total = 0;
             for id in 0..contexts as u64 {
                 let blocks = 1 + rng.below(8);
@@ -1075,6 +1099,7 @@ mod tests {
             p.set_dram_budget(1 + rng.below(raw_total / 2 + 1));
             let ids: Vec<u64> = (0..contexts as u64).collect();
             let optimum = brute_force_tiered(&p, &ids);
+            assert!(p.dram_bytes() > 0, "case {case}: nothing was admitted into memory");
             p.rebalance();
             assert!(p.stored_bytes() <= p.config.budget_bytes && p.dram_bytes() <= p.config.dram.budget_bytes);
             let got: f64 =

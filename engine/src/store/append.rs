@@ -327,8 +327,10 @@ impl Parts {
     }
 
     /// Tells placement of a put block (`fresh`: not one written again), and puts it in the DRAM
-    /// tier if placement says so. A block written again (relocated, recompressed) goes to the
-    /// DRAM tier without asking: it was kept because it is wanted.
+    /// tier if placement says so. A block written again (relocated, recompressed) is not an
+    /// access: it goes to the DRAM tier where placement keeps its context there
+    /// ([`crate::placement::Placement::holds`]), and where placement has no opinion, without
+    /// asking (it was kept because it is wanted).
     fn place_in_tiers(
         &self,
         buf: &Arc<PooledBuf>,
@@ -349,7 +351,8 @@ impl Parts {
             policy: &policy,
             codec: stored_codec(&header.desc, header.raw_len, &header.compression),
         };
-        let dram = !fresh || self.placement.on_put(&info).dram;
+        let dram =
+            if fresh { self.placement.on_put(&info).dram } else { self.placement.holds(info.context).unwrap_or(true) };
         if self.tiers.dram.is_none() {
             return;
         }

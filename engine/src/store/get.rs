@@ -71,8 +71,13 @@ impl Store {
             parts.metrics.count_get(None);
             return Ok(Resident::Absent);
         };
+        // Decoding is work for a thread that may take its time: get() does it, and counts the
+        // hit then (not twice).
+        if parts.tiers.peek_meta(&entry.fp, entry.record).is_some_and(|m| !m.compression.is_none()) {
+            return Ok(Resident::OnDevice);
+        }
         match parts.dram_hit(&entry, opts) {
-            // Decoding is work for a thread that may take its time: get() does it.
+            // Raced with a replacement: as above.
             Some(block) if !block.meta.compression.is_none() => Ok(Resident::OnDevice),
             Some(block) => {
                 parts.hit(namespace, key, &block.meta);

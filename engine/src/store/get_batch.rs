@@ -127,6 +127,8 @@ impl Store {
         // are still in flight: the checks overlap the device's work instead of following it.
         let mut sums: Vec<Option<PayloadSums>> = keys.iter().map(|_| None).collect();
         let started = Instant::now();
+        // When the last read came back, before the work on it: the device's time, for placement.
+        let mut arrived = Duration::ZERO;
         {
             let mut reads = Vec::new();
             // For each read: its key, and whether it carries the payload's whole units.
@@ -140,6 +142,7 @@ impl Store {
             }
             let verify = opts.verify_hash;
             parts.log.dev.read_many_each(reads, &mut |r, bytes| {
+                arrived = started.elapsed();
                 if let Some(&(key, true)) = owners.get(r) {
                     if let Some(slot) = sums.get_mut(key) {
                         *slot = Some(PayloadSums::of(bytes, verify));
@@ -151,7 +154,7 @@ impl Store {
         let direct: Vec<&ContentEntry> =
             plans.iter().zip(&entries).filter_map(|(plan, e)| plan.as_ref().and(e.as_ref())).collect();
         let bytes = direct.iter().map(|e| e.record_bytes()).sum();
-        parts.tiers.speeds.log_read(direct.len() as u64, bytes, load_time);
+        parts.tiers.speeds.log_read(direct.len() as u64, bytes, arrived);
         let mut got: Vec<Option<(BlockMeta, usize)>> = Vec::with_capacity(keys.len());
         // The keys not read straight into their buffers: (position, key).
         let mut rest: Vec<(usize, &str)> = Vec::new();
@@ -380,13 +383,19 @@ impl Parts {
                 *slot = Some(Arrived::of(self, entry, bytes, opts, t));
             }
         };
+        // The reads' time for placement: until the last one came back, before the work on it
+        // (checks and hand-overs on this thread are not the device's time).
         let counted = |took: Duration| {
             let bytes = entries.iter().map(ContentEntry::record_bytes).sum();
             self.tiers.speeds.log_read(entries.len() as u64, bytes, took);
         };
+        let mut last = Duration::ZERO;
         if workers == 0 {
-            self.log.dev.read_many_each(reads, &mut |r, bytes| here(&mut arrived, r, bytes, started.elapsed()))?;
-            counted(started.elapsed());
+            self.log.dev.read_many_each(reads, &mut |r, bytes| {
+                last = started.elapsed();
+                here(&mut arrived, r, bytes, last);
+            })?;
+            counted(last);
             return Ok(arrived);
         }
         let (tx, rx) = std::sync::mpsc::channel::<(usize, &mut [u8], Duration)>();
@@ -414,6 +423,7 @@ impl Parts {
                 .collect();
             let read = self.log.dev.read_many_each(reads, &mut |r, bytes| {
                 let t = started.elapsed();
+                last = t;
                 if coded(r) {
                     // Cannot fail: the receiver lives until the scope ends. A record that a
                     // worker which panicked never took is reported by the joins below.
@@ -423,7 +433,7 @@ impl Parts {
                 }
             });
             if read.is_ok() {
-                counted(started.elapsed());
+                counted(last);
             }
             drop(tx);
             // Every worker joined before any error is returned: one left unjoined after a panic

@@ -2,12 +2,15 @@
 //! this machine now rather than the constants it was configured with
 //! ([`crate::placement::Planned`]):
 //!
-//! - **The log's reads**, per read call: bytes over the call's wall time. A batch's reads are in
-//!   flight together and count once, so a block's share of a batch costs what the batch took per
-//!   byte, as a client waiting for the batch sees it; a lone get costs its own latency.
+//! - **The log's reads**, per read call: bytes over the time from the call's start until its last
+//!   read came back (before the checks done on it: those are CPU, not the device). A batch's
+//!   reads are in flight together and count once, so a block's share of a batch costs what the
+//!   batch took per byte, as a client waiting for the batch sees it; a lone get costs its own
+//!   latency.
 //! - **Loads the DRAM tier served**, counted, so that the share of loads that never reach the log
 //!   is known.
-//! - **Each codec's decoding**: raw bytes out over the time one core took to decode them.
+//! - **Each codec's decoding**: raw bytes out over the time one core took to decode them (for a
+//!   get, or for cleaning's recoding: the same codec on the same cores).
 //!
 //! Counters only grow; a reader takes [`SpeedTotals`] now and then and looks at the difference
 //! ([`SpeedTotals::since`]), a window that follows the machine as it changes.
@@ -74,7 +77,7 @@ pub struct SpeedTotals {
     pub log: Rate,
     /// Loads the DRAM tier served.
     pub dram_hits: u64,
-    /// Per codec: blocks decoded by gets, raw bytes out, seconds of one core.
+    /// Per codec: blocks the store decoded, raw bytes out, seconds of one core.
     pub decode: Vec<(CodecSpec, Rate)>,
     /// Cores a batch decodes on.
     pub cores: usize,
@@ -124,7 +127,7 @@ pub struct SpeedReport {
     pub log_read_gbps: f64,
     /// Share of loads the DRAM tier served.
     pub dram_share: f64,
-    /// Per codec: blocks gets decoded and GB/s of raw bytes out on one core.
+    /// Per codec: blocks the store decoded and GB/s of raw bytes out on one core.
     pub decode: Vec<DecodeReport>,
 }
 

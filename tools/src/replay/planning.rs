@@ -31,8 +31,10 @@ pub const DEFAULT_SSD_GBPS: f64 = 6.0;
 /// DRAM tier loads assumed unless told (the replay's `--dram-gbps`): host memory to the GPU over
 /// PCIe 4 x16.
 pub const DEFAULT_DRAM_GBPS: f64 = 20.0;
-/// Share of the DRAM tier the planner fills with the contexts it holds in memory: the tier counts
-/// payloads and evicts by itself, the planner counts records (headers too).
+/// Share of the DRAM tier the planner fills with the contexts it holds in memory: the tier evicts
+/// by itself, least recently used first, and counts what it holds its own way (the engine's whole
+/// record buffers, the simulator's payloads), while the planner counts records at its measured
+/// ratios; the margin keeps the tier from evicting what the planner holds.
 pub const PLANNER_DRAM_FILL: f64 = 0.95;
 
 /// What loading and recomputing a block cost.

@@ -340,10 +340,16 @@ impl Planned {
 }
 
 impl SimCache {
-    /// Whether a block of `context` enters the DRAM tier: the planner's decision where it makes
-    /// one, else placement's `placed`.
+    /// Whether a block of `context` put now enters the DRAM tier: the planner's decision where it
+    /// makes one, else placement's `placed`.
     fn held(&self, context: u64, placed: bool) -> bool {
         self.planner.as_ref().and_then(|p| p.planner.in_dram(context)).unwrap_or(placed)
+    }
+
+    /// Whether a block of `context` read now stays in the DRAM tier: as for a put, counting the
+    /// use this read is (the planner is told of it after the lookup), as the engine's `on_load`.
+    fn held_when_read(&self, context: u64, placed: bool) -> bool {
+        self.planner.as_ref().and_then(|p| p.planner.holds_when_used(context)).unwrap_or(placed)
     }
 }
 
@@ -463,7 +469,7 @@ impl Cache for SimCache {
                     stored as f64 / self.bandwidths.dram_bps
                 } else {
                     let placed = self.placement.on_load(&info);
-                    if self.held(e.group, placed) {
+                    if self.held_when_read(e.group, placed) {
                         self.dram.insert(Self::fp(id), loc, stored, ());
                     }
                     stored as f64 / self.bandwidths.ssd_bps
