@@ -594,6 +594,52 @@ fn a_planners_view_is_served_as_json() {
 }
 
 #[test]
+fn a_namespace_policy_changes_while_the_server_serves() {
+    let server = Server::start(options());
+    let addr = server.running().addrs().metrics.unwrap();
+    let http = |method: &str, body: &str| {
+        let mut s = connect(addr);
+        let head = format!("{method} /ns HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len());
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let reply = http("GET", "");
+    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n") && reply.ends_with("[]"), "no policy yet: {reply}");
+    // A namespace name a path would need escaped: it travels in the body.
+    let policy = r#"{"namespace": "my models?", "codec": "quant:bits=8", "lossy": true, "alpha": 0.02,
+        "drift": 0.1, "ttl": {"budget_bytes": 1073741824}}"#;
+    let reply = http("PUT", policy);
+    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+    // Applied to the running store at once.
+    let set = server.store.policy("my models?");
+    assert!(set.lossy && set.codec.is_some_and(|c| c.is_lossy()), "{set:?}");
+    assert_eq!((set.settings.alpha, set.settings.drift), (Some(0.02), Some(0.1)));
+    assert_eq!(set.settings.ttl.map(|t| t.budget_bytes), Some(1 << 30));
+    let reply = http("GET", "");
+    assert!(reply.contains("\"namespace\":\"my models?\"") && reply.contains("quant"), "{reply}");
+    // What the store refuses, or the endpoint cannot read, is a 400 that says why; nothing changes.
+    for (body, why) in [
+        (r#"{"namespace": "strict", "codec": "quant:bits=8"}"#, "lossy"),
+        (r#"{"codec": "raw"}"#, "names no"),
+        (r#"{"namespace": "x", "lossi": true}"#, "unknown field"),
+        ("not json", "not JSON"),
+    ] {
+        let reply = http("PUT", body);
+        assert!(reply.starts_with("HTTP/1.1 400 Bad Request\r\n") && reply.contains(why), "{body}: {reply}");
+    }
+    assert_eq!(server.store.policy("strict"), kvhoard_engine::Policy::default());
+    // A body past the bound is refused before it is read.
+    let mut s = connect(addr);
+    s.write_all(b"PUT /ns HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 413"), "{out}");
+}
+
+#[test]
 fn shutdown_lets_a_request_in_progress_finish() {
     let server = Server::start(options());
     let mut c = server.lm();

@@ -468,7 +468,22 @@ fn ns_set_keeps_placement_settings_and_ttl_reads_a_servers_group_ttl() {
     assert!(shown.contains("1 accesses in the window"), "{shown}");
     let json: serde_json::Value = serde_json::from_str(&ok(&["ttl", &metrics, "--json"])).unwrap();
     assert_eq!(json[0]["namespace"], "kv");
+
+    // While it serves, the volume's policies change through the server, at once; the volume
+    // itself is held, and the error says where to go.
+    let out = kvhoard(&["ns", "set", vol, "kv", "--alpha", "0.3"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kvhoard ns set http://"), "{out:?}");
+    let server = format!("http://{metrics}");
+    let said = ok(&["ns", "set", &server, "kv", "--alpha", "0.3"]);
+    assert!(said.contains("alpha 0.3 s") && said.contains("drift 10%"), "what is not given is kept: {said}");
+    let shown: serde_json::Value = serde_json::from_str(&ok(&["ns", "show", &server, "--json"])).unwrap();
+    assert_eq!((shown[0]["alpha"].as_f64(), shown[0]["drift"].as_f64()), (Some(0.3), Some(0.1)), "{shown}");
+    let out = kvhoard(&["ns", "set", &server, "kv", "--codecs", "quant:bits=2", "--lossy", "deny"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("lossy"), "{out:?}");
     // SAFETY: kill sends a signal to the child's pid; no memory is involved.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success());
+    // Kept in the volume.
+    let shown: serde_json::Value = serde_json::from_str(&ok(&["ns", "show", vol, "--json"])).unwrap();
+    assert_eq!(shown[0]["alpha"].as_f64(), Some(0.3), "{shown}");
 }

@@ -30,6 +30,7 @@ pub mod metrics;
 mod options;
 pub mod pace;
 mod payload;
+pub mod policy_json;
 pub mod resp;
 mod shared;
 

@@ -2,12 +2,13 @@
 //! allowed, and the settings placement follows in the namespace (the planner's α, allowed codecs
 //! and drift threshold; group TTL's budget, groups and window).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use kvhoard_engine::{CodecSpec, NsSettings, Policy, StoreOptions, TtlSettings};
+use kvhoard_engine::{CodecSpec, NsSettings, Policy, StoreError, StoreOptions, TtlSettings};
+use kvhoard_serve::policy_json::{from_json, to_json};
 
 use super::open;
 
@@ -90,7 +91,8 @@ fn parse_seconds(s: &str) -> Result<Setting<u32>, String> {
 pub enum NsAction {
     /// List every namespace policy set on the volume.
     Show {
-        /// Directory or block device.
+        /// Directory or block device, or `http://ADDR`: a running server's metrics endpoint
+        /// (`kvhoard serve --metrics ADDR`).
         volume: PathBuf,
         /// Print JSON.
         #[arg(long)]
@@ -99,7 +101,9 @@ pub enum NsAction {
     /// Set a namespace's policy (what is not given keeps its current value; `default` unsets a
     /// setting).
     Set {
-        /// Directory or block device.
+        /// Directory or block device (not served), or `http://ADDR`: a running server's metrics
+        /// endpoint (`kvhoard serve --metrics ADDR`), whose store applies the change at once and
+        /// keeps it; asked from the server's own machine only.
         volume: PathBuf,
         /// The namespace.
         namespace: String,
@@ -146,21 +150,6 @@ fn show_codecs(s: &NsSettings) -> Option<String> {
     s.codecs.as_deref().map(|c| c.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "))
 }
 
-fn json_of(namespace: &str, p: &Policy) -> serde_json::Value {
-    let s = &p.settings;
-    serde_json::json!({
-        "namespace": namespace,
-        "codec": show_codec(p),
-        "lossy": p.lossy,
-        "alpha": s.alpha,
-        "codecs": show_codecs(s),
-        "drift": s.drift,
-        "ttl": s.ttl.map(|t| serde_json::json!({
-            "budget_bytes": t.budget_bytes, "groups": t.groups, "window_s": t.window_s,
-        })),
-    })
-}
-
 /// The settings of `p` for people: only those set.
 pub fn describe_settings(s: &NsSettings) -> String {
     let mut parts = Vec::new();
@@ -185,14 +174,50 @@ pub fn describe_settings(s: &NsSettings) -> String {
     parts.join(", ")
 }
 
+/// Where `ns` reads and sets policies: a volume it opens, or a running server's metrics
+/// endpoint (`http://ADDR`), whose store applies a change at once.
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    Volume(&'a Path),
+    Server(&'a str),
+}
+
+impl Target<'_> {
+    fn of(volume: &Path) -> Target<'_> {
+        match volume.to_str().and_then(|v| v.strip_prefix("http://")) {
+            Some(addr) => Target::Server(addr.trim_end_matches('/')),
+            None => Target::Volume(volume),
+        }
+    }
+}
+
+/// The policies a running server's store has set, read from its metrics endpoint.
+fn served_policies(addr: &str) -> anyhow::Result<Vec<(String, Policy)>> {
+    let list = super::metrics_client::get_json(addr, "/ns")?;
+    let list = list.as_array().with_context(|| format!("{addr}/ns is not a list of policies"))?;
+    list.iter()
+        .map(|v| match from_json(v) {
+            Ok((Some(ns), policy)) => Ok((ns, policy)),
+            Ok((None, _)) => anyhow::bail!("{addr}/ns lists a policy that names no namespace"),
+            Err(why) => anyhow::bail!("{addr}/ns lists a policy this build cannot read: {why}"),
+        })
+        .collect()
+}
+
 pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
     match action {
         NsAction::Show { volume, json } => {
-            let store = open(&volume, opts)?;
-            let policies = store.policies();
-            store.close()?;
+            let policies = match Target::of(&volume) {
+                Target::Volume(path) => {
+                    let store = open(path, opts)?;
+                    let policies = store.policies();
+                    store.close()?;
+                    policies
+                }
+                Target::Server(addr) => served_policies(addr)?,
+            };
             if json {
-                let list: Vec<_> = policies.iter().map(|(ns, p)| json_of(ns, p)).collect();
+                let list: Vec<_> = policies.iter().map(|(ns, p)| to_json(ns, p)).collect();
                 println!("{}", serde_json::Value::Array(list));
             } else if policies.is_empty() {
                 println!("no namespace policies: every namespace stores blocks as they are, lossy codecs denied");
@@ -205,8 +230,28 @@ pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
             }
         }
         NsAction::Set { volume, namespace, codec, lossy, alpha, codecs, drift, ttl_budget, ttl_groups, ttl_window } => {
-            let store = open(&volume, opts)?;
-            let current = store.policy(&namespace);
+            let target = Target::of(&volume);
+            let store = match target {
+                Target::Volume(path) => Some(open(path, opts).map_err(|e| {
+                    let held = e.chain().any(|c| matches!(c.downcast_ref(), Some(StoreError::Locked { .. })));
+                    match held {
+                        true => e.context(
+                            "a served volume's policies change through its server: \
+                             kvhoard ns set http://METRICS_ADDR NAMESPACE ... (kvhoard serve --metrics METRICS_ADDR)",
+                        ),
+                        false => e,
+                    }
+                })?),
+                Target::Server(_) => None,
+            };
+            let current = match (&store, target) {
+                (Some(store), _) => store.policy(&namespace),
+                (None, Target::Server(addr)) => served_policies(addr)?
+                    .into_iter()
+                    .find(|(ns, _)| *ns == namespace)
+                    .map_or_else(Policy::default, |(_, p)| p),
+                (None, Target::Volume(_)) => Policy::default(),
+            };
             let cur = current.settings.clone();
             let ttl = match Setting::over(ttl_budget, cur.ttl.map(|t| t.budget_bytes)) {
                 None => {
@@ -244,10 +289,19 @@ pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
                 lossy: lossy.as_deref().map_or(current.lossy, |l| l == "allow"),
                 settings,
             };
-            store
-                .set_policy(&namespace, policy.clone())
-                .with_context(|| format!("cannot set the policy of {namespace:?}"))?;
-            store.close()?;
+            match (store, target) {
+                (Some(store), _) => {
+                    store
+                        .set_policy(&namespace, policy.clone())
+                        .with_context(|| format!("cannot set the policy of {namespace:?}"))?;
+                    store.close()?;
+                }
+                (None, Target::Server(addr)) => {
+                    super::metrics_client::put_json(addr, "/ns", &to_json(&namespace, &policy))
+                        .with_context(|| format!("cannot set the policy of {namespace:?} on the server at {addr}"))?;
+                }
+                (None, Target::Volume(_)) => {}
+            }
             let settings = describe_settings(&policy.settings);
             println!(
                 "{namespace}: codec {}, lossy codecs {}{}{settings}",

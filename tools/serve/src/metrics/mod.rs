@@ -2,6 +2,7 @@
 //! store's statistics.
 
 pub mod http;
+mod ns;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
