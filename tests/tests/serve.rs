@@ -595,9 +595,7 @@ fn a_planners_view_is_served_as_json() {
 
 #[test]
 fn a_namespace_policy_changes_while_the_server_serves() {
-    let server = Server::start(options());
-    let addr = server.running().addrs().metrics.unwrap();
-    let http = |method: &str, body: &str| {
+    let send = |addr, method: &str, body: &str| {
         let mut s = connect(addr);
         let head = format!("{method} /ns HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len());
         s.write_all(head.as_bytes()).unwrap();
@@ -606,11 +604,23 @@ fn a_namespace_policy_changes_while_the_server_serves() {
         s.read_to_string(&mut out).unwrap();
         out
     };
-    let reply = http("GET", "");
-    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n") && reply.ends_with("[]"), "no policy yet: {reply}");
-    // A namespace name a path would need escaped: it travels in the body.
     let policy = r#"{"namespace": "my models?", "codec": "quant:bits=8", "lossy": true, "alpha": 0.02,
         "drift": 0.1, "ttl": {"budget_bytes": 1073741824}}"#;
+    // A server not asked to take policy changes refuses them, saying how to ask; it still shows them.
+    let closed = Server::start(options());
+    let addr = closed.running().addrs().metrics.unwrap();
+    let reply = send(addr, "PUT", policy);
+    assert!(reply.starts_with("HTTP/1.1 403 Forbidden\r\n") && reply.contains("--allow-policy-changes"), "{reply}");
+    assert_eq!(closed.store.policy("my models?"), kvhoard_engine::Policy::default());
+    assert!(send(addr, "GET", "").starts_with("HTTP/1.1 200 OK\r\n"));
+    drop(closed);
+
+    let server = Server::start(ServeOptions { policy_changes: true, ..options() });
+    let addr = server.running().addrs().metrics.unwrap();
+    let http = |method: &str, body: &str| send(addr, method, body);
+    let reply = http("GET", "");
+    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n") && reply.ends_with("[]"), "no policy yet: {reply}");
+    // A namespace name a path would need escaped ("my models?"): it travels in the body.
     let reply = http("PUT", policy);
     assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
     // Applied to the running store at once.
@@ -637,6 +647,17 @@ fn a_namespace_policy_changes_while_the_server_serves() {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.1 413"), "{out}");
+    // A head that cannot be read is a 400, however its body would have been taken.
+    for head in [
+        "PUT /ns HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+        "PUT /ns HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+    ] {
+        let mut s = connect(addr);
+        s.write_all(head.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 400"), "{head:?}: {out}");
+    }
 }
 
 #[test]

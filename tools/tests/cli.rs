@@ -454,7 +454,8 @@ fn ns_set_keeps_placement_settings_and_ttl_reads_a_servers_group_ttl() {
 
     // A server keeps group TTL for the namespace: `kvhoard ttl` shows it once blocks are used.
     use std::io::{Read, Write};
-    let (mut child, _err, line) = serve_with(vol, &["--resp", "0", "--resp-namespace", "kv", "--metrics", "0"]);
+    let (mut child, _err, line) =
+        serve_with(vol, &["--resp", "0", "--resp-namespace", "kv", "--metrics", "0", "--allow-policy-changes"]);
     let metrics = served_at(&line, "http://");
     let shown = ok(&["ttl", &metrics]);
     assert!(shown.contains("0 accesses in the window") && shown.contains("no plan yet"), "nothing used yet: {shown}");

@@ -280,7 +280,12 @@ impl Store {
         policy.validate()?;
         let parts = &self.parts;
         // One writer of the superblock at a time: the log lock, which nothing holds for long.
-        let _state = parts.log.lock();
+        let state = parts.log.lock();
+        // A close that began meanwhile has let the volume go: its superblock is not this
+        // handle's to write.
+        if state.closed {
+            return Err(StoreError::Closed);
+        }
         let stored = parts.policies.with(namespace, policy.clone());
         volume::write_superblocks(parts.log.dev.as_ref(), &parts.log.sb, &stored)?;
         parts.ttls.configure(namespace, policy.settings.ttl);

@@ -14,6 +14,9 @@ pub struct ServeOptions {
     pub resp: Option<SocketAddr>,
     /// Address for Prometheus metrics over HTTP, if any.
     pub metrics: Option<SocketAddr>,
+    /// Whether `PUT /ns` on the metrics address may change namespace policies (from this
+    /// machine's loopback peers only). Off unless asked: a policy decides what may be lost.
+    pub policy_changes: bool,
     /// Namespace the `lm://` listener stores keys in.
     pub lm_namespace: String,
     /// Namespace the RESP listener stores keys in.
@@ -59,6 +62,7 @@ impl Default for ServeOptions {
             lm: None,
             resp: None,
             metrics: None,
+            policy_changes: false,
             lm_namespace: "lmcache".into(),
             resp_namespace: "lmcache".into(),
             resp_password: None,

@@ -1,5 +1,7 @@
 //! A namespace's policy as JSON: what `kvhoard ns show --json` prints, what a server's
-//! `GET /ns` answers and what its `PUT /ns/NAME` takes. One definition for all three.
+//! `GET /ns` answers and what its `PUT /ns` takes. One definition for all three. `drift` is a
+//! fraction (0.05 for 5 %), `alpha` seconds, `ttl` an object of `budget_bytes`, `groups` and
+//! `window_s` (0 or absent: the default).
 
 use std::sync::Arc;
 
@@ -53,10 +55,22 @@ pub fn from_json(value: &Value) -> Result<(Option<String>, Policy), String> {
     let ttl = match field("ttl") {
         None => None,
         Some(t) => {
-            let n = |name: &str| t.get(name).and_then(Value::as_u64);
-            let budget_bytes = n("budget_bytes").ok_or("\"ttl\" needs \"budget_bytes\", a number of bytes")?;
-            let small =
-                |name: &str| u32::try_from(n(name).unwrap_or(0)).map_err(|_| format!("ttl {name:?} is too large"));
+            let Some(t) = t.as_object() else { return Err("\"ttl\" must be an object".into()) };
+            const TTL: [&str; 3] = ["budget_bytes", "groups", "window_s"];
+            if let Some(unknown) = t.keys().find(|k| !TTL.contains(&k.as_str())) {
+                return Err(format!("unknown ttl field {unknown:?}; ttl has {}", TTL.join(", ")));
+            }
+            // A field given must be a whole number; absent (or null) is the default.
+            let n = |name: &str| -> Result<Option<u64>, String> {
+                match t.get(name).filter(|v| !v.is_null()) {
+                    None => Ok(None),
+                    Some(v) => v.as_u64().map(Some).ok_or_else(|| format!("ttl {name:?} must be a whole number")),
+                }
+            };
+            let budget_bytes = n("budget_bytes")?.ok_or("\"ttl\" needs \"budget_bytes\", a number of bytes")?;
+            let small = |name: &str| -> Result<u32, String> {
+                u32::try_from(n(name)?.unwrap_or(0)).map_err(|_| format!("ttl {name:?} is too large"))
+            };
             Some(TtlSettings { budget_bytes, groups: small("groups")?, window_s: small("window_s")? })
         }
     };
@@ -96,5 +110,10 @@ mod tests {
         assert!(err(json!({"codecs": " "})).contains("lists no codec"));
         assert!(err(json!({"ttl": {"groups": 4}})).contains("budget_bytes"));
         assert!(err(json!({"ttl": {"budget_bytes": 1, "groups": 1u64 << 40}})).contains("too large"));
+        assert!(err(json!({"ttl": 5})).contains("must be an object"));
+        assert!(err(json!({"ttl": {"budget_bytes": 1, "groups": "64"}})).contains("whole number"));
+        assert!(err(json!({"ttl": {"budget_bytes": 1, "groups": -1}})).contains("whole number"));
+        assert!(err(json!({"ttl": {"budget_bytes": 1, "window": 600}})).contains("unknown ttl field"));
+        assert!(err(json!({"ttl": {"budget_bytes": 1e9}})).contains("whole number"));
     }
 }

@@ -237,7 +237,8 @@ pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
                     match held {
                         true => e.context(
                             "a served volume's policies change through its server: \
-                             kvhoard ns set http://METRICS_ADDR NAMESPACE ... (kvhoard serve --metrics METRICS_ADDR)",
+                             kvhoard ns set http://METRICS_ADDR NAMESPACE ... \
+                             (kvhoard serve --metrics METRICS_ADDR --allow-policy-changes)",
                         ),
                         false => e,
                     }

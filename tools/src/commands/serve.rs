@@ -24,9 +24,13 @@ pub struct ServeArgs {
     /// Address for RESP (LMCache's resp:// and redis:// connectors).
     #[arg(long, value_name = "ADDR")]
     pub resp: Option<String>,
-    /// Address for Prometheus metrics over HTTP (GET /metrics).
+    /// Address for Prometheus metrics over HTTP (GET /metrics; also /plan, /ttl, /ns).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Let `kvhoard ns set http://METRICS_ADDR ...` change namespace policies while serving
+    /// (`PUT /ns` on the metrics address, from this machine's loopback addresses only).
+    #[arg(long, requires = "metrics")]
+    pub allow_policy_changes: bool,
     /// Allow listening on addresses other than loopback.
     #[arg(long)]
     pub allow_remote: bool,
@@ -154,6 +158,7 @@ pub fn options(args: &ServeArgs) -> anyhow::Result<ServeOptions> {
         lm,
         resp,
         metrics,
+        policy_changes: args.allow_policy_changes,
         lm_namespace: args.lm_namespace.clone(),
         resp_namespace: args.resp_namespace.clone(),
         resp_password,
@@ -275,6 +280,7 @@ mod tests {
             lm: Some("0".into()),
             resp: None,
             metrics: None,
+            allow_policy_changes: false,
             allow_remote: false,
             lm_namespace: "lmcache".into(),
             resp_namespace: "lmcache".into(),

@@ -48,39 +48,81 @@ struct Head {
     body: usize,
 }
 
-/// The head at the start of `bytes`, once it is complete (`None` before, or if it is not text).
-/// A body's length is its `Content-Length` (0 without one).
-fn request_head(bytes: &[u8]) -> Option<Head> {
+/// The head at the start of `bytes`, once it is complete (`None` before); what is wrong with it
+/// when it is not text, or its `Content-Length` is not one number. A body's length is its
+/// `Content-Length` (0 without one).
+fn request_head(bytes: &[u8]) -> Option<Result<Head, String>> {
     let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let text = std::str::from_utf8(bytes.get(..end)?).ok()?;
+    Some(parse_head(bytes.get(..end).unwrap_or_default(), end + 4))
+}
+
+fn parse_head(head: &[u8], len: usize) -> Result<Head, String> {
+    let text = std::str::from_utf8(head).map_err(|_| "the request head is not text".to_string())?;
     let mut lines = text.lines();
-    let mut parts = lines.next()?.split(' ');
-    let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
-    let body = lines
+    let mut parts = lines.next().unwrap_or_default().split(' ');
+    let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
+        return Err("the request line is not METHOD PATH VERSION".into());
+    };
+    let lengths: Vec<&str> = lines
         .filter_map(|l| l.split_once(':'))
-        .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
-        .map_or(Some(0), |(_, v)| v.trim().parse::<usize>().ok())?;
-    Some(Head { method, path, len: end + 4, body })
+        .filter(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.trim())
+        .collect();
+    let body = match lengths.as_slice() {
+        [] => 0,
+        [one] if one.bytes().all(|b| b.is_ascii_digit()) => {
+            one.parse::<usize>().map_err(|_| format!("Content-Length {one} is too large"))?
+        }
+        _ => return Err("Content-Length must be given once, as a number of bytes".into()),
+    };
+    Ok(Head { method: method.to_string(), path: path.to_string(), len, body })
+}
+
+/// An answer to `head` from `peer` given before its body is read: a body where none is taken,
+/// one too large, or a policy change this server does not take (not asked to, or not from this
+/// machine).
+fn refused_early(shared: &Shared, peer: IpAddr, head: &Head) -> Option<ns::Answer> {
+    let changes_policy = head.method == "PUT" && head.path == "/ns";
+    if head.body > BODY_MAX {
+        return Some(("413 Content Too Large", TEXT, format!("a body is at most {BODY_MAX} bytes\n")));
+    }
+    if head.body > 0 && !changes_policy {
+        return Some(("400 Bad Request", TEXT, "only PUT /ns takes a body\n".into()));
+    }
+    if changes_policy && !shared.opts.policy_changes {
+        let why = "this server does not take policy changes: start it with --allow-policy-changes\n";
+        return Some(("403 Forbidden", TEXT, why.into()));
+    }
+    // An IPv4 peer of a dual-stack listener comes as ::ffff:a.b.c.d.
+    if changes_policy && !peer.to_canonical().is_loopback() {
+        let why = "namespace policies are changed only from the server's own machine (a loopback address)\n";
+        return Some(("403 Forbidden", TEXT, why.into()));
+    }
+    None
 }
 
 async fn answer(mut stream: TcpStream, peer: IpAddr, shared: Arc<Shared>) {
+    // One deadline for the whole request: a client sending a byte now and then gets no longer.
+    let deadline = tokio::time::Instant::now() + READ_TIMEOUT;
     let mut bytes = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     let (status, kind, body) = loop {
         match request_head(&bytes) {
-            Some(head) if head.body > BODY_MAX => {
-                break ("413 Content Too Large", TEXT, format!("a body is at most {BODY_MAX} bytes\n"));
+            Some(Err(why)) => break ("400 Bad Request", TEXT, format!("{why}\n")),
+            Some(Ok(head)) => {
+                if let Some(refused) = refused_early(&shared, peer, &head) {
+                    break refused;
+                }
+                // The whole body is here (a request without one has it at once).
+                if bytes.len() >= head.len + head.body {
+                    let body = bytes.get(head.len..head.len + head.body).unwrap_or_default();
+                    break route(&shared, peer, &head, body).await;
+                }
             }
-            // The whole body is here (a request without one has it at once).
-            Some(head) if bytes.len() >= head.len + head.body => {
-                let body = bytes.get(head.len..head.len + head.body).unwrap_or_default();
-                break route(&shared, peer, &head, body).await;
-            }
-            Some(_) => {}
             None if bytes.len() >= HEAD_MAX => break ("431 Request Header Fields Too Large", TEXT, String::new()),
             None => {}
         }
-        match tokio::time::timeout(READ_TIMEOUT, stream.read(&mut chunk)).await {
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
             Ok(Ok(n)) if n > 0 => bytes.extend_from_slice(chunk.get(..n).unwrap_or_default()),
             _ => return,
         }
@@ -93,8 +135,8 @@ async fn answer(mut stream: TcpStream, peer: IpAddr, shared: Arc<Shared>) {
     let _ = stream.shutdown().await;
 }
 
-/// What `head` (with `body`) from `peer` is answered.
-async fn route(shared: &Arc<Shared>, peer: IpAddr, head: &Head, body: &[u8]) -> ns::Answer {
+/// What `head` (with `body`) is answered.
+async fn route(shared: &Arc<Shared>, _peer: IpAddr, head: &Head, body: &[u8]) -> ns::Answer {
     let (route, query) = head.path.split_once('?').unwrap_or((&head.path, ""));
     match (head.method.as_str(), route) {
         ("GET", "/metrics") => ("200 OK", PROMETHEUS, render(shared).await),
@@ -109,7 +151,7 @@ async fn route(shared: &Arc<Shared>, peer: IpAddr, head: &Head, body: &[u8]) -> 
             Err(why) => ("500 Internal Server Error", TEXT, format!("group TTL could not be read: {why}\n")),
         },
         ("GET", "/ns") => ns::list(shared).await,
-        ("PUT", "/ns") => ns::set(shared, peer, body).await,
+        ("PUT", "/ns") => ns::set(shared, body).await,
         ("GET", _) => (
             "404 Not Found",
             TEXT,
@@ -184,12 +226,19 @@ mod tests {
 
     #[test]
     fn request_heads() {
-        let head = |method: &str, path: &str, len, body| Head { method: method.into(), path: path.into(), len, body };
+        let head =
+            |method: &str, path: &str, len, body| Ok(Head { method: method.into(), path: path.into(), len, body });
         assert_eq!(request_head(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Some(head("GET", "/metrics", 34, 0)));
-        assert_eq!(request_head(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"), None);
-        assert_eq!(request_head(b"\xff\xfe\r\n\r\n"), None);
-        let put = b"PUT /ns/a HTTP/1.1\r\ncontent-length: 12\r\n\r\n{\"lossy\": 1}";
-        assert_eq!(request_head(put), Some(head("PUT", "/ns/a", 42, 12)));
-        assert_eq!(request_head(b"PUT /ns/a HTTP/1.1\r\nContent-Length: many\r\n\r\n"), None);
+        assert_eq!(request_head(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"), None, "not complete yet");
+        let put = b"PUT /ns HTTP/1.1\r\ncontent-length: 12\r\n\r\n{\"lossy\": 1}";
+        assert_eq!(request_head(put), Some(head("PUT", "/ns", 40, 12)));
+        let bad = |bytes: &[u8]| request_head(bytes).is_some_and(|h| h.is_err());
+        assert!(bad(b"\xff\xfe\r\n\r\n"), "not text");
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: many\r\n\r\n"));
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: -1\r\n\r\n"));
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: +5\r\n\r\n"));
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"));
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n"));
+        assert!(bad(b"GARBAGE\r\n\r\n"));
     }
 }
