@@ -171,19 +171,26 @@ pub fn replay(
             quality: quality.min(1.0),
             load_s: lookup.load_s,
         });
-        let computed = r.blocks.get(lookup.hits..).unwrap_or_default();
-        let group = context;
+        // Group TTL groups a request's blocks, its share of the system prompt included, under the
+        // request's context: a TTL counts from the put, so the prompt's blocks live as long as the
+        // TTL of whichever request stored them says, and group TTL learns that.
         let ttl_ms = match (settings.ttl, group_ttl.as_mut()) {
             (TtlSpec::Single(secs), _) => Some(u64::from(secs) * 1000),
             (TtlSpec::Group { .. }, Some(g)) => {
                 for &block in &r.blocks {
-                    g.record(now_ms, block, group, settings.stored_block_bytes);
+                    g.record(now_ms, block, context, settings.stored_block_bytes);
                 }
-                g.ttl_ms(now_ms, group)
+                g.ttl_ms(now_ms, context)
             }
             _ => None,
         };
-        cache.store(now_ms, computed, group, ttl_ms)?;
+        // Placement's contexts: the shared prefix's blocks are stored as one batch of its own
+        // context, then the request's; a context with nothing to store still counts the request
+        // as an access.
+        for (group, run) in trace.contexts_of(r) {
+            let computed = r.blocks.get(run.start.max(lookup.hits)..run.end).unwrap_or_default();
+            cache.store(now_ms, computed, group, ttl_ms)?;
+        }
         let at = (r.timestamp_ms as f64 / 1e3 / duration * 100.0) as usize;
         if at >= next_sample {
             report.stored_over_time.push((arrival, cache.stats().stored_bytes));

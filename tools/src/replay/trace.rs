@@ -114,6 +114,27 @@ impl Trace {
         r.blocks.get(self.shared_prefix).or(r.blocks.last()).copied().unwrap_or(0)
     }
 
+    /// The context block `i` of `r` belongs to: the prefix every request shares (a system
+    /// prompt) is a context of its own, named by its last block, since every request reads it;
+    /// the rest is the request's [`Trace::context`].
+    pub fn context_of_block(&self, r: &Request, i: usize) -> u64 {
+        match self.shared_prefix.checked_sub(1).and_then(|last| r.blocks.get(last)) {
+            Some(&prefix) if i < self.shared_prefix => prefix,
+            _ => self.context(r),
+        }
+    }
+
+    /// `r`'s blocks as runs of one context each, in order: (context, first block index, blocks).
+    /// At most two: the shared prefix, then the request's own.
+    pub fn contexts_of(&self, r: &Request) -> Vec<(u64, std::ops::Range<usize>)> {
+        let split = self.shared_prefix.min(r.blocks.len());
+        [0..split, split..r.blocks.len()]
+            .into_iter()
+            .filter(|run| !run.is_empty())
+            .map(|run| (self.context_of_block(r, run.start), run))
+            .collect()
+    }
+
     /// Distinct blocks.
     pub fn distinct_blocks(&self) -> u64 {
         let mut ids: Vec<u64> = self.requests.iter().flat_map(|r| r.blocks.iter().copied()).collect();
@@ -174,6 +195,21 @@ mod tests {
         .expect("parses");
         let contexts: Vec<u64> = t.requests.iter().map(|r| t.context(r)).collect();
         assert_eq!(contexts, vec![1, 5, 0]);
+        // The shared block is a context of its own, whoever stored it first.
+        let runs: Vec<_> = t.requests.iter().map(|r| t.contexts_of(r)).collect();
+        assert_eq!(runs[0], vec![(0, 0..1), (1, 1..3)]);
+        assert_eq!(runs[1], vec![(0, 0..1), (5, 1..3)]);
+        assert_eq!(runs[2], vec![(0, 0..1)]);
+        assert_eq!(t.context_of_block(&t.requests[1], 0), 0);
+        assert_eq!(t.context_of_block(&t.requests[1], 2), 5);
+        // Nothing shared by all: one run, the request's context.
+        let t = Trace::parse(
+            "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 5, \"hash_ids\": [3, 4]}\n\
+             {\"timestamp\": 1, \"input_length\": 500, \"output_length\": 5, \"hash_ids\": [7]}\n",
+        )
+        .expect("parses");
+        assert_eq!(t.contexts_of(&t.requests[0]), vec![(3, 0..2)]);
+        assert_eq!(t.contexts_of(&t.requests[1]), vec![(7, 0..1)]);
         assert_eq!(block_tokens(0, 2, 600), 512);
     }
 }
