@@ -862,6 +862,21 @@ mod tests {
         best
     }
 
+    /// Contexts 0..`contexts` of 1-8 blocks of 100 bytes, random qualities, each used 1-6 times;
+    /// returns their raw bytes.
+    fn random_contexts(p: &mut Planner, rng: &mut kvhoard_kernels::rng::Rng, contexts: u64) -> u64 {
+        let mut raw_total = 0;
+        for id in 0..contexts {
+            let blocks = 1 + rng.below(8);
+            let quality = vec![1.0, 0.99 - f64::from(rng.uniform()) * 0.05, 0.9 - f64::from(rng.uniform()) * 0.3, 1.0];
+            for t in 0..=rng.below(5) {
+                p.touch(&at(id, t * 1000, blocks, &quality));
+            }
+            raw_total += blocks * 100;
+        }
+        raw_total
+    }
+
     fn total(p: &Planner) -> f64 {
         p.contexts.values().map(|c| p.utility(c, c.option) * c.blocks as f64 * c.ln_freq.exp()).sum()
     }
@@ -872,16 +887,7 @@ mod tests {
         for case in 0..200 {
             let contexts = 2 + case % 4;
             let mut p = planner(0);
-            let mut raw_total = 0;
-            for id in 0..contexts as u64 {
-                let blocks = 1 + rng.below(8);
-                let quality =
-                    vec![1.0, 0.99 - f64::from(rng.uniform()) * 0.05, 0.9 - f64::from(rng.uniform()) * 0.3, 1.0];
-                for t in 0..=rng.below(5) {
-                    p.touch(&at(id, t * 1000, blocks, &quality));
-                }
-                raw_total += blocks * 100;
-            }
+            let raw_total = random_contexts(&mut p, &mut rng, contexts as u64);
             p.config.budget_bytes = rng.below(raw_total + 1);
             let ids: Vec<u64> = (0..contexts as u64).collect();
             let optimum = brute_force(&p, &ids);
@@ -1085,16 +1091,7 @@ mod tests {
             let contexts = 2 + case % 3;
             // Memory is a choice from the start: contexts are admitted into it.
             let mut p = tiered(0, u64::MAX);
-            let mut raw_total = 0;
-            for id in 0..contexts as u64 {
-                let blocks = 1 + rng.below(8);
-                let quality =
-                    vec![1.0, 0.99 - f64::from(rng.uniform()) * 0.05, 0.9 - f64::from(rng.uniform()) * 0.3, 1.0];
-                for t in 0..=rng.below(5) {
-                    p.touch(&at(id, t * 1000, blocks, &quality));
-                }
-                raw_total += blocks * 100;
-            }
+            let raw_total = random_contexts(&mut p, &mut rng, contexts as u64);
             p.config.budget_bytes = rng.below(raw_total + 1);
             p.set_dram_budget(1 + rng.below(raw_total / 2 + 1));
             let ids: Vec<u64> = (0..contexts as u64).collect();
