@@ -114,25 +114,15 @@ impl Trace {
         r.blocks.get(self.shared_prefix).or(r.blocks.last()).copied().unwrap_or(0)
     }
 
-    /// The context block `i` of `r` belongs to: the prefix every request shares (a system
-    /// prompt) is a context of its own, named by its last block, since every request reads it;
-    /// the rest is the request's [`Trace::context`].
-    pub fn context_of_block(&self, r: &Request, i: usize) -> u64 {
-        match self.shared_prefix.checked_sub(1).and_then(|last| r.blocks.get(last)) {
-            Some(&prefix) if i < self.shared_prefix => prefix,
-            _ => self.context(r),
-        }
-    }
-
-    /// `r`'s blocks as runs of one context each, in order: (context, first block index, blocks).
-    /// At most two: the shared prefix, then the request's own.
+    /// `r`'s blocks as runs of one context each, in order, as (context, block indices): the
+    /// prefix every request shares (a system prompt) is a context of its own, named by its last
+    /// block, since every request reads it; the rest is the request's [`Trace::context`].
     pub fn contexts_of(&self, r: &Request) -> Vec<(u64, std::ops::Range<usize>)> {
         let split = self.shared_prefix.min(r.blocks.len());
-        [0..split, split..r.blocks.len()]
-            .into_iter()
-            .filter(|run| !run.is_empty())
-            .map(|run| (self.context_of_block(r, run.start), run))
-            .collect()
+        let prefix = split.checked_sub(1).and_then(|last| r.blocks.get(last)).copied();
+        let shared = prefix.map(|p| (p, 0..split));
+        let own = Some((self.context(r), split..r.blocks.len())).filter(|(_, run)| !run.is_empty());
+        shared.into_iter().chain(own).collect()
     }
 
     /// Distinct blocks.
@@ -200,8 +190,6 @@ mod tests {
         assert_eq!(runs[0], vec![(0, 0..1), (1, 1..3)]);
         assert_eq!(runs[1], vec![(0, 0..1), (5, 1..3)]);
         assert_eq!(runs[2], vec![(0, 0..1)]);
-        assert_eq!(t.context_of_block(&t.requests[1], 0), 0);
-        assert_eq!(t.context_of_block(&t.requests[1], 2), 5);
         // Nothing shared by all: one run, the request's context.
         let t = Trace::parse(
             "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 5, \"hash_ids\": [3, 4]}\n\

@@ -70,7 +70,7 @@ fn parse_head(head: &[u8], len: usize) -> Result<Head, String> {
         .collect();
     let body = match lengths.as_slice() {
         [] => 0,
-        [one] if one.bytes().all(|b| b.is_ascii_digit()) => {
+        [one] if !one.is_empty() && one.bytes().all(|b| b.is_ascii_digit()) => {
             one.parse::<usize>().map_err(|_| format!("Content-Length {one} is too large"))?
         }
         _ => return Err("Content-Length must be given once, as a number of bytes".into()),
@@ -116,7 +116,7 @@ async fn answer(mut stream: TcpStream, peer: IpAddr, shared: Arc<Shared>) {
                 // The whole body is here (a request without one has it at once).
                 if bytes.len() >= head.len + head.body {
                     let body = bytes.get(head.len..head.len + head.body).unwrap_or_default();
-                    break route(&shared, peer, &head, body).await;
+                    break route(&shared, &head, body).await;
                 }
             }
             None if bytes.len() >= HEAD_MAX => break ("431 Request Header Fields Too Large", TEXT, String::new()),
@@ -136,7 +136,7 @@ async fn answer(mut stream: TcpStream, peer: IpAddr, shared: Arc<Shared>) {
 }
 
 /// What `head` (with `body`) is answered.
-async fn route(shared: &Arc<Shared>, _peer: IpAddr, head: &Head, body: &[u8]) -> ns::Answer {
+async fn route(shared: &Arc<Shared>, head: &Head, body: &[u8]) -> ns::Answer {
     let (route, query) = head.path.split_once('?').unwrap_or((&head.path, ""));
     match (head.method.as_str(), route) {
         ("GET", "/metrics") => ("200 OK", PROMETHEUS, render(shared).await),
@@ -236,6 +236,7 @@ mod tests {
         assert!(bad(b"\xff\xfe\r\n\r\n"), "not text");
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: many\r\n\r\n"));
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: -1\r\n\r\n"));
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: \r\n\r\n"), "an empty length is not a number");
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: +5\r\n\r\n"));
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"));
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n"));
