@@ -29,6 +29,7 @@ pub mod load_model;
 mod lru;
 mod planned;
 pub mod planner;
+pub mod reuse;
 
 pub use cost_benefit::cost_benefit;
 pub use fifo::Fifo;
@@ -142,6 +143,11 @@ pub struct PlacementReport {
     pub dram_budget_bytes: u64,
     /// CPU seconds spent deciding.
     pub cpu_s: f64,
+    /// The half-life a planner weighs a context's chance of reuse with, ms (0 for others).
+    pub half_life_ms: u64,
+    /// Contexts a planner dropped when cleaning reached one of their blocks, rather than have
+    /// it copied (the greedy's other drops are counted by the blocks cleaning drops).
+    pub cleaning_drops: u64,
 }
 
 /// What a planner decides, for people (`kvhoard plan live`, `GET /plan`).

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use kvhoard_kernels::CodecSpec;
 
 use super::load_model::{LoadModel, SPEED_MIN_LOADS};
-use super::planner::{ContextUse, Planner, PlannerConfig};
+use super::planner::{ContextUse, Planner, PlannerConfig, CLEANING_DROP_MARGIN};
 use super::{BlockInfo, Keep, LiveBlock, Lru, OptionView, Placement, PlacementReport, PlanView, PutPlan, SegmentView};
 use crate::clock::Clock;
 use crate::error::{Result, StoreError};
@@ -454,6 +454,8 @@ impl Placement for Planned {
             dram_planned_bytes: state.planner.dram_bytes(),
             dram_budget_bytes: if state.planner.dram_choice() { state.planner.config().dram.budget_bytes } else { 0 },
             cpu_s: state.cpu.as_secs_f64(),
+            half_life_ms: state.planner.half_life_ms(),
+            cleaning_drops: state.planner.cleaning_drops(),
         }
     }
 
@@ -474,6 +476,10 @@ impl Placement for Planned {
             state.planner.rebalance();
         }
         let known = state.last_access.contains_key(&block.context);
+        // A context the greedy would drop soon is dropped now rather than copied.
+        if known {
+            state.planner.drop_for_cleaning(block.context, CLEANING_DROP_MARGIN);
+        }
         let option = state.planner.option_of(block.context);
         state.cpu += started.elapsed();
         drop(state);
@@ -656,12 +662,12 @@ mod tests {
         )
         .unwrap();
         let put = |c: u64| p.on_put(&BlockInfo { record_bytes: 100, ..info(c) });
-        // A hot context, put over eight accesses; a cold one, in one.
+        // A hot context, put over eight uses (a second or more apart); a cold one, in one.
         for t in 0..8 {
-            now.store(1_000 + t, Ordering::Relaxed);
+            now.store(1_000 + t * 1_000, Ordering::Relaxed);
             assert!(put(1).dram, "memory has no price yet");
         }
-        now.store(2_000, Ordering::Relaxed);
+        now.store(10_000, Ordering::Relaxed);
         for _ in 0..8 {
             put(2);
         }
@@ -779,7 +785,7 @@ mod tests {
         assert!(p.report_quality(1, 0.5, 0.05), "far below: scored again");
         // Quantized at half the quality it was assumed to keep, it is worth less than its
         // recompute: the next rebalance drops it rather than keep it so.
-        now.store(3_000, Ordering::Relaxed);
+        now.store(20_000, Ordering::Relaxed);
         p.on_put(&info(2));
         p.on_put(&info(3));
         assert_eq!(p.option_of(1), 2, "{:?}", p.report());
@@ -790,18 +796,18 @@ mod tests {
         let (p, now) = planned(1_200);
         // Four contexts of four blocks, each read twice: more than the budget holds raw.
         for c in 0..4 {
-            now.store(1_000 + c * 10, Ordering::Relaxed);
+            now.store(1_000 + c * 10_000, Ordering::Relaxed);
             for _ in 0..4 {
                 p.on_put(&info(c));
             }
             for t in 1..=2 {
-                now.store(1_000 + c * 10 + t, Ordering::Relaxed);
+                now.store(1_000 + c * 10_000 + t * 1_000, Ordering::Relaxed);
                 p.on_hit(&info(c));
             }
         }
         assert!(p.report().planned_bytes <= 1_200);
         // Bytes are dear now: a new context, used once, is admitted compressed.
-        now.store(5_000, Ordering::Relaxed);
+        now.store(50_000, Ordering::Relaxed);
         assert_eq!(p.codec_at_put(&info(7)), Some(CodecSpec::quant(8, 32, 0)));
         // A context whose profile says quantization ruins it is kept raw or dropped, never
         // quantized.

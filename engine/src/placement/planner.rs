@@ -7,15 +7,17 @@
 //! block: `U(o) = (α · quality(o) − delay(o)) · freq`, where quality is what the context's
 //! estimate says the codec keeps (1 for lossless and raw), delay the time to load and decode a
 //! block (from the log, or from memory when the DRAM tier holds it; for a dropped context, the
-//! prefill that recomputes it, at quality 1), freq the context's accesses decayed with a
-//! half-life, and α (seconds per unit of quality) what quality is worth against time.
+//! prefill that recomputes it, at quality 1), freq the context's chance of being
+//! used again (`placement::reuse`: a weight that grows with its uses, halved every half-life
+//! since the last, the half-life learned from the gaps between uses), and α (seconds per unit
+//! of quality) what quality is worth against time.
 //!
 //! **Placement** (EvicPress Algorithm 1, the multiple-choice-knapsack greedy, tier by tier):
 //! while the DRAM tier's copies exceed its budget, take the step with the smallest utility lost
 //! per byte of memory freed (leave memory, compress harder, or drop); then, while the log's
 //! bytes exceed its budget, the step with the smallest loss per byte of the log freed (compress
 //! harder, or drop). No step takes more bytes in either tier: the DRAM tier holds copies of what
-//! is on the log, so a context held in memory counts against both. Decay multiplies every
+//! is on the log, so a context held in memory counts against both. Time multiplies every
 //! context's freq by the same factor, so the order of contexts does not change with time alone:
 //! a heap per tier keyed by log(loss per byte) + log(freq at a fixed origin) stays valid, and
 //! only a context that is accessed or changes is pushed again. A step costs O(choices + log
@@ -35,8 +37,18 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
+use super::reuse::{self, GapLearner};
 use super::{BlockInfo, Keep, LiveBlock, Lru, Placement, PutPlan, SegmentView};
 use crate::clock::Clock;
+
+/// How much more than the log's price of a byte a context may lose per byte dropped and still
+/// be dropped by cleaning instead of copied ([`Planner::drop_for_cleaning`]): 2, a context worth
+/// up to twice the one the greedy dropped last, which one half-life without a use brings down
+/// to it. Wider margins write less but reach contexts in use: at 4 a context read every second
+/// went, since uses alone make contexts differ by at most 3×. On the shared trace at SSD 0.1 and
+/// 85 % fill (docs/benchmarks.md), cleaning wrote 0.4 bytes per byte put at 2 and 1.0 copying
+/// every kept block, at the same or a lower mean TTFT.
+pub const CLEANING_DROP_MARGIN: f64 = 2.0;
 
 /// One way of keeping a context's blocks on the log (a form: as put, or a codec).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,7 +80,8 @@ pub struct DramChoice {
 pub struct PlannerConfig {
     /// Seconds of delay one unit of quality is worth, per block.
     pub alpha: f64,
-    /// Half-life of a context's access count, ms.
+    /// Half-life of a context's chance of reuse at the start, ms; from then on it follows the
+    /// median gap between a context's uses (`placement::reuse`).
     pub half_life_ms: u64,
     /// Bytes the kept blocks may take on the log.
     pub budget_bytes: u64,
@@ -106,8 +119,13 @@ struct Choice {
 struct Context {
     blocks: u64,
     raw_bytes: u64,
-    /// ln of the decayed access count, at time 0.
+    /// ln of its chance of reuse at time 0: ln weight of its uses + its last use in half-lives
+    /// · ln 2 (`placement::reuse`).
     ln_freq: f64,
+    /// Its uses (accesses [`reuse::SAME_USE_MS`] apart).
+    uses: u32,
+    /// Its last access, ms.
+    last_ms: u64,
     /// Estimated quality per option (1 for lossless).
     quality: Vec<f64>,
     /// Its α (its namespace's, else the configuration's).
@@ -193,7 +211,7 @@ pub struct ContextView {
     pub option: usize,
     /// Whether the DRAM tier holds it.
     pub dram: bool,
-    /// Its decayed access count now.
+    /// Its chance of reuse now (`placement::reuse`).
     pub freq: f64,
     /// Per option: the quality it keeps for this context.
     pub quality: Vec<f64>,
@@ -233,17 +251,30 @@ pub struct Planner {
     /// Per [`Tier`]: the price of a byte, the key of the last step placement took there (`None`
     /// before any).
     ln_price: [Option<f64>; 2],
+    /// The key of the last drop the greedy took on the log: what dropping is worth at the
+    /// margin, which cleaning's drops are weighed against (`None` before any).
+    ln_drop_price: Option<f64>,
+    /// The half-life in use, ms.
+    half_life_ms: u64,
+    /// Gaps between uses, which the half-life follows.
+    gaps: GapLearner,
+    /// Contexts dropped for cleaning ([`Planner::drop_for_cleaning`]).
+    cleaning_drops: u64,
 }
 
 impl Planner {
     /// A planner with no context yet.
     pub fn new(config: PlannerConfig) -> Planner {
         Planner {
-            config,
             contexts: HashMap::new(),
             heaps: [BinaryHeap::new(), BinaryHeap::new()],
             bytes: [0.0; 2],
             ln_price: [None; 2],
+            ln_drop_price: None,
+            half_life_ms: config.half_life_ms.max(1),
+            gaps: GapLearner::default(),
+            cleaning_drops: 0,
+            config,
         }
     }
 
@@ -303,10 +334,43 @@ impl Planner {
         self.config.options.len().saturating_sub(1)
     }
 
-    /// ln of an access's weight at `now_ms`: accesses count `2^(t / half-life)`, so that every
-    /// context's count decays by the same factor and the heap's order holds.
+    /// ln of a use's weight at `now_ms`: uses count `2^(t / half-life)`, so that every
+    /// context's chance decays by the same factor and the heap's order holds.
     fn ln_time(&self, now_ms: u64) -> f64 {
-        now_ms as f64 / self.config.half_life_ms.max(1) as f64 * std::f64::consts::LN_2
+        now_ms as f64 / self.half_life_ms.max(1) as f64 * std::f64::consts::LN_2
+    }
+
+    /// Contexts dropped so far because cleaning reached one of their blocks.
+    pub fn cleaning_drops(&self) -> u64 {
+        self.cleaning_drops
+    }
+
+    /// The half-life in use, ms (the configured one until enough gaps between uses were seen).
+    pub fn half_life_ms(&self) -> u64 {
+        self.half_life_ms
+    }
+
+    /// The score of a context used `uses` times, last at `last_ms`: ln of its chance of reuse
+    /// at time 0.
+    fn ln_freq_of(&self, uses: u32, last_ms: u64) -> f64 {
+        reuse::ln_weight(uses) + self.ln_time(last_ms)
+    }
+
+    /// Follows a half-life of `half_life_ms` from `now_ms` on: every context and both prices of
+    /// a byte are scored again, the prices worth as much now as before, O(contexts).
+    fn set_half_life(&mut self, half_life_ms: u64, now_ms: u64) {
+        let before = self.ln_time(now_ms);
+        self.half_life_ms = half_life_ms.max(1);
+        let after = self.ln_time(now_ms);
+        for price in self.ln_price.iter_mut().flatten().chain(self.ln_drop_price.as_mut()) {
+            *price += after - before;
+        }
+        let ln2_per_ms = std::f64::consts::LN_2 / self.half_life_ms as f64;
+        for c in self.contexts.values_mut() {
+            c.ln_freq = reuse::ln_weight(c.uses) + c.last_ms as f64 * ln2_per_ms;
+            c.version += 1;
+        }
+        self.rebuild_heaps();
     }
 
     /// `context`'s quality per option, as the planner scores it (`None` for one never seen).
@@ -434,26 +498,36 @@ impl Planner {
 
     /// A request used a context ([`ContextUse`]). A context that was dropped starts again from
     /// the choice admission gives it; one kept on the log alone is held in memory too when that
-    /// is worth more at the current prices of bytes (as a read would bring it there).
+    /// is worth more at the current prices of bytes (as a read would bring it there). Accesses
+    /// less than [`reuse::SAME_USE_MS`] apart are one use.
     pub fn touch(&mut self, u: &ContextUse<'_>) {
         let ContextUse { context, now_ms, blocks, raw_bytes, quality, alpha } = *u;
         let alpha = alpha.unwrap_or(self.config.alpha);
-        let ln_now = self.ln_time(now_ms);
         let dropped = self.dropped();
         let known = self.contexts.get(&context).map(|c| c.option != dropped);
         let mut updated = self.contexts.get(&context).cloned().unwrap_or(Context {
             blocks: 0,
             raw_bytes,
             ln_freq: f64::NEG_INFINITY,
+            uses: 0,
+            last_ms: now_ms,
             quality: Vec::new(),
             alpha,
             option: 0,
             dram: false,
             version: 0,
         });
-        // ln(e^a + e^b), without overflow.
-        let (hi, lo) = if updated.ln_freq > ln_now { (updated.ln_freq, ln_now) } else { (ln_now, updated.ln_freq) };
-        updated.ln_freq = hi + (lo - hi).exp().ln_1p();
+        // A clock that stepped back makes no gap: the same use.
+        let gap = now_ms.saturating_sub(updated.last_ms);
+        let mut learned = None;
+        if updated.uses == 0 || gap >= reuse::SAME_USE_MS {
+            if updated.uses > 0 {
+                learned = self.gaps.record(gap).filter(|&h| reuse::drifted(self.half_life_ms, h));
+            }
+            updated.uses = updated.uses.saturating_add(1);
+        }
+        updated.last_ms = updated.last_ms.max(now_ms);
+        updated.ln_freq = self.ln_freq_of(updated.uses, updated.last_ms);
         updated.blocks = blocks;
         updated.raw_bytes = raw_bytes;
         updated.quality = quality.to_vec();
@@ -470,6 +544,9 @@ impl Planner {
                 *c = Context { option: choice.option, dram: choice.dram, version: c.version, ..updated };
             },
         );
+        if let Some(half_life_ms) = learned {
+            self.set_half_life(half_life_ms, now_ms);
+        }
     }
 
     /// What `c` is worth kept as `choice` at the current prices of bytes.
@@ -487,15 +564,27 @@ impl Planner {
     /// and the choice is the one of highest utility: a codec whose faster load is worth more than
     /// the quality it loses is chosen even while there is room (EvicPress starts every context at
     /// its best configuration).
+    ///
+    /// A put is stored whatever the plan, so a context worth less kept in every form than
+    /// recomputed (a log slower than the prefill) is stored as put, on the log alone: compressing
+    /// it would cost CPU and serve lower quality to the reads before it goes, and it goes first
+    /// (dropping it is a gain, so it is the greedy's first step and cleaning drops it rather
+    /// than copy it).
     fn admission(&self, c: &Context) -> Choice {
         let dropped = self.dropped();
         let first = Choice { option: 0, dram: self.dram_choice() };
-        self.choices()
+        let best = self
+            .choices()
             .filter(|k| k.option != dropped)
             .map(|k| (k, self.worth(c, k)))
             .filter(|(_, worth)| worth.is_finite())
             .fold((first, f64::NEG_INFINITY), |best, x| if x.1 > best.1 { x } else { best })
-            .0
+            .0;
+        let recompute = self.utility_of(c, Choice { option: dropped, dram: false });
+        if self.utility_of(c, best) < recompute {
+            return Choice { option: 0, dram: false };
+        }
+        best
     }
 
     /// A kept context used again: held in memory too when that is worth more than the log alone
@@ -518,12 +607,13 @@ impl Planner {
         if let Some(c) = self.contexts.get(&context).filter(|c| c.option != dropped) {
             return c.option;
         }
-        let ln_now = self.ln_time(now_ms);
         let alpha = alpha.unwrap_or(self.config.alpha);
         let c = Context {
             blocks,
             raw_bytes,
-            ln_freq: ln_now,
+            ln_freq: self.ln_freq_of(1, now_ms),
+            uses: 1,
+            last_ms: now_ms,
             quality: quality.to_vec(),
             alpha,
             option: 0,
@@ -539,12 +629,48 @@ impl Planner {
     }
 
     /// `context` now holds `blocks` blocks (more were put in the same access): its bytes change,
-    /// its access count does not. Nothing for a context never touched.
+    /// its uses do not. Nothing for a context never touched.
     pub fn resize(&mut self, context: u64, blocks: u64) {
         if !self.contexts.contains_key(&context) {
             return;
         }
         self.account(context, || unreachable_context(context), |c| c.blocks = blocks);
+    }
+
+    /// Cleaning is about to copy a block of `context`: when dropping the whole context loses
+    /// less per byte of the log than `margin` times what the last drop the greedy took there
+    /// lost (it is among the next the greedy would drop as the log fills), it is dropped now, so
+    /// the copy is not made. Weighed against drops, not against every step: a step that
+    /// compresses loses far less per byte than any drop, and would make no drop look cheap.
+    /// Returns whether it was dropped.
+    pub fn drop_for_cleaning(&mut self, context: u64, margin: f64) -> bool {
+        let dropped = self.dropped();
+        let Some(c) = self.contexts.get(&context).filter(|c| c.option != dropped) else { return false };
+        let now = c.choice();
+        let to = Choice { option: dropped, dram: false };
+        let freed = self.bytes_in(c, now, Tier::Ssd);
+        if freed <= 0.0 {
+            return false;
+        }
+        // A context whose recompute is worth as much as its copy (a disk slower than the
+        // prefill) goes whatever the price; the others when near it.
+        let loss = (self.utility_of(c, now) - self.utility_of(c, to)) * c.blocks as f64 / freed;
+        if loss > 0.0 {
+            let Some(price) = self.ln_drop_price else { return false };
+            if loss.ln() + c.ln_freq > price + margin.ln() {
+                return false;
+            }
+        }
+        self.account(
+            context,
+            || unreachable_context(context),
+            |c| {
+                c.option = to.option;
+                c.dram = false;
+            },
+        );
+        self.cleaning_drops += 1;
+        true
     }
 
     /// Whether the kept bytes exceed a budget (a rebalance would change something).
@@ -561,7 +687,7 @@ impl Planner {
         self.counted_in(tier) > budget as f64
     }
 
-    /// The `limit` contexts worth most now (by access count), and the first `limit` steps a
+    /// The `limit` contexts worth most now (by chance of reuse), and the first `limit` steps a
     /// rebalance would take, cheapest first. O(contexts + limit log limit): for people, not for
     /// the put path.
     pub fn view(&self, now_ms: u64, limit: usize) -> (Vec<ContextView>, Vec<StepView>) {
@@ -619,7 +745,7 @@ impl Planner {
     }
 
     /// Sets `context`'s quality per option (a new profile, or one corrected by what a client
-    /// observed): its steps are scored again; its access count is unchanged. Nothing for a
+    /// observed): its steps are scored again; its uses are unchanged. Nothing for a
     /// context never touched.
     pub fn set_quality(&mut self, context: u64, quality: &[f64]) {
         let Some(c) = self.contexts.get_mut(&context) else { return };
@@ -692,6 +818,9 @@ impl Planner {
                 if key.is_finite() {
                     if let Some(price) = self.ln_price.get_mut(tier as usize) {
                         *price = Some(key);
+                    }
+                    if tier == Tier::Ssd && to.option == self.dropped() {
+                        self.ln_drop_price = Some(key);
                     }
                 }
                 self.account(
@@ -766,6 +895,8 @@ fn unreachable_context(_: u64) -> Context {
         blocks: 0,
         raw_bytes: 0,
         ln_freq: f64::NEG_INFINITY,
+        uses: 0,
+        last_ms: 0,
         quality: Vec::new(),
         alpha: 0.0,
         option: 0,
@@ -911,6 +1042,8 @@ mod tests {
     #[test]
     fn cold_contexts_go_first_and_hot_ones_keep_their_quality() {
         let mut p = planner(1000);
+        // A recompute slower than an 8-bit load, so that quantizing is worth more than dropping.
+        p.config.options[3].delay_s = 0.02;
         let q = [1.0, 0.98, 0.8, 1.0];
         // A hot context, read ten times; a cold one, once; both of 8 blocks of 100 bytes.
         for t in 0..10 {
@@ -922,13 +1055,13 @@ mod tests {
         assert!(p.stored_bytes() <= 1000);
         assert_eq!(p.option_of(1), 0, "the hot context stays raw");
         assert_ne!(p.option_of(2), 0, "the cold one gives way: {changes:?}");
-        // Read again, a dropped context is stored again, in the form worth most at the price
-        // bytes have now: compressed, since they are dear.
-        p.touch(&at(3, 11_000, 1, &q));
+        // With no room at all, the last step drops the hot context: bytes are as dear as its
+        // loss. A new context, with a third of its chance of reuse and a bit more, is stored in
+        // the form worth most at that price: compressed.
         p.config.budget_bytes = 0;
         p.rebalance();
         assert_eq!(p.stored_bytes(), 0);
-        p.touch(&at(3, 12_000, 1, &q));
+        p.touch(&at(3, 11_000, 1, &q));
         assert!((1..3).contains(&p.option_of(3)), "{}", p.option_of(3));
     }
 
@@ -962,10 +1095,102 @@ mod tests {
         let mut p = planner(u64::MAX);
         let q = [1.0, 0.98, 0.8, 1.0];
         p.touch(&at(1, 0, 1, &q));
-        p.touch(&at(1, 1, 1, &q));
+        p.touch(&at(1, 1_000, 1, &q));
         p.touch(&at(2, 3_600_000, 1, &q));
-        // Context 1 was read twice an hour ago (six half-lives): less than context 2's once now.
+        // Context 1 was used twice an hour ago (six half-lives): less than context 2's once now.
         assert!(p.contexts[&1].ln_freq < p.contexts[&2].ln_freq);
+    }
+
+    #[test]
+    fn accesses_closer_than_a_second_are_one_use() {
+        let mut p = planner(u64::MAX);
+        let q = [1.0, 0.98, 0.8, 1.0];
+        for t in [0, 300, 900, 1_700] {
+            p.touch(&at(1, t, 1, &q));
+        }
+        // 0, 300, 900 and 1,700 ms: each within a second of the one before, one use.
+        assert_eq!(p.contexts[&1].uses, 1);
+        p.touch(&at(1, 2_700, 1, &q));
+        assert_eq!((p.contexts[&1].uses, p.contexts[&1].last_ms), (2, 2_700));
+        // A clock that steps back is the same use, and never moves the last use back.
+        p.touch(&at(1, 100, 1, &q));
+        assert_eq!((p.contexts[&1].uses, p.contexts[&1].last_ms), (2, 2_700));
+        // Used more, worth more at the same recency.
+        p.touch(&at(2, 2_700, 1, &q));
+        assert!(p.contexts[&2].ln_freq < p.contexts[&1].ln_freq);
+    }
+
+    #[test]
+    fn the_half_life_follows_the_gaps_between_uses_and_the_order_holds() {
+        // Room for 30 contexts of one 100-byte block, kept raw or dropped; 300 used twice,
+        // 30 s apart.
+        let mut p = planner(3_000);
+        let q = [1.0, f64::NEG_INFINITY, f64::NEG_INFINITY, 1.0];
+        assert_eq!(p.half_life_ms(), 600_000);
+        for c in 0..300u64 {
+            p.touch(&at(c, c * 100, 1, &q));
+            p.touch(&at(c, c * 100 + 30_000, 1, &q));
+            p.rebalance();
+        }
+        assert_eq!(p.half_life_ms(), 30_000, "the median gap");
+        assert!(p.stored_bytes() <= 3_000);
+        // Scored again with the new half-life, the greedy still keeps the contexts used last.
+        let kept: Vec<u64> = (0..300).filter(|&c| p.option_of(c) != p.dropped()).collect();
+        assert_eq!(kept, (270..300).collect::<Vec<u64>>());
+        // Less room: the least recently used of them goes first.
+        p.set_budget(2_900);
+        p.rebalance();
+        assert_eq!(p.option_of(270), p.dropped());
+        assert!((271..300).all(|c| p.option_of(c) == 0));
+    }
+
+    #[test]
+    fn a_context_worth_less_kept_than_recomputed_is_stored_as_put_and_goes_first() {
+        // A log slower than the prefill: every kept form loads slower than a recompute, and
+        // quality is worth little.
+        let mut options = options();
+        for o in options.iter_mut().take(3) {
+            o.delay_s = 0.1;
+        }
+        let mut p = Planner::new(PlannerConfig {
+            alpha: 0.01,
+            half_life_ms: 600_000,
+            budget_bytes: 10_000,
+            options,
+            dram: DramChoice::default(),
+        });
+        let q = [1.0, 0.98, 0.8, 1.0];
+        p.touch(&at(1, 0, 4, &q));
+        assert_eq!(p.option_of(1), 0, "as put: not compressed for reads it should not serve");
+        // Before any drop there is no price, but dropping it is a gain: cleaning drops it.
+        assert!(p.drop_for_cleaning(1, CLEANING_DROP_MARGIN));
+        assert_eq!((p.cleaning_drops(), p.stored_bytes()), (1, 0));
+    }
+
+    #[test]
+    fn cleaning_drops_only_contexts_near_the_price_of_a_byte() {
+        let mut p = planner(800);
+        let q = [1.0, 0.98, 0.8, 1.0];
+        // Before the greedy dropped anything there is no price to weigh a drop against.
+        p.touch(&at(1, 0, 4, &q));
+        assert!(!p.drop_for_cleaning(1, CLEANING_DROP_MARGIN));
+        assert_eq!(p.ln_drop_price, None);
+        // Ten contexts of 4 blocks used at one-minute steps, into room for two raw.
+        for c in 2..12u64 {
+            p.touch(&at(c, c * 60_000, 4, &q));
+            p.rebalance();
+        }
+        // The newest kept context is far above the price; one just above it goes; a dropped
+        // one, or one never seen, is not dropped again.
+        let kept: Vec<u64> = (1..12).filter(|&c| p.option_of(c) != p.dropped()).collect();
+        let (&newest, &oldest) = (kept.last().unwrap(), kept.first().unwrap());
+        assert!(!p.drop_for_cleaning(newest, 1.0));
+        assert!(p.ln_drop_price.is_some(), "the greedy dropped contexts");
+        let before = p.stored_bytes();
+        assert!(p.drop_for_cleaning(oldest, 1e9));
+        assert_eq!(p.option_of(oldest), p.dropped());
+        assert!(p.stored_bytes() < before);
+        assert!(!p.drop_for_cleaning(oldest, 1e9) && !p.drop_for_cleaning(99, 1e9));
     }
 
     /// A planner whose options may also be held in memory, where loads take a tenth of the

@@ -35,11 +35,14 @@ fn render(view: &Value) -> String {
     let report = &view["report"];
     let human = |v: &Value| crate::size::human(v.as_u64().unwrap_or(0));
     let mut out = format!(
-        "planner: {} contexts, {} of {} budget kept, {:.3} s of CPU deciding\n",
+        "planner: {} contexts, {} of {} budget kept, {:.3} s of CPU deciding\n\
+         reuse: half-life {:.0} s (the median gap between a context's uses); {} contexts dropped by cleaning\n",
         report["contexts"],
         human(&report["planned_bytes"]),
         human(&report["budget_bytes"]),
         report["cpu_s"].as_f64().unwrap_or(0.0),
+        report["half_life_ms"].as_f64().unwrap_or(0.0) / 1e3,
+        report["cleaning_drops"].as_u64().unwrap_or(0),
     );
     if report["dram_budget_bytes"].as_u64().unwrap_or(0) > 0 {
         out.push_str(&format!(
@@ -104,7 +107,8 @@ mod tests {
                 {"name": "dropped", "ratio": 0.0, "delay_s": 0.017}
             ],
             "report": {"policy": "planner", "contexts": 2, "planned_bytes": 3145728, "budget_bytes": 4194304,
-                       "dram_planned_bytes": 1048576, "dram_budget_bytes": 2097152, "cpu_s": 0.002},
+                       "dram_planned_bytes": 1048576, "dram_budget_bytes": 2097152, "cpu_s": 0.002,
+                       "half_life_ms": 123000, "cleaning_drops": 7},
             "contexts": [{"context": 255, "blocks": 3, "block_bytes": 1048576, "option": 1, "dram": true, "freq": 2.0,
                           "quality": [1.0, 0.99, 1.0], "utility": [0.1, 0.09, 0.05]}],
             "next_steps": [{"context": 255, "from": 1, "to": 2, "from_dram": false, "loss_per_byte": 1e-9, "bytes_freed": 1572864},
@@ -112,6 +116,12 @@ mod tests {
         });
         let text = render(&view);
         assert!(text.contains("planner: 2 contexts, 3.0 MiB of 4.0 MiB budget kept"), "{text}");
+        assert!(
+            text.contains(
+                "reuse: half-life 123 s (the median gap between a context's uses); 7 contexts dropped by cleaning"
+            ),
+            "{text}"
+        );
         assert!(text.contains("DRAM tier: 1.0 MiB of 2.0 MiB budget held in memory"), "{text}");
         assert!(text.contains("00000000000000ff       3    1.0 MiB     2.000  quant:bits=8 +dram"), "{text}");
         assert!(text.contains("quant:bits=8 -> dropped: frees 1.5 MiB, loses"), "{text}");

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use std::time::{Duration, Instant};
 
-use kvhoard_engine::placement::planner::{ContextUse, Planner, PlannerConfig};
+use kvhoard_engine::placement::planner::{ContextUse, Planner, PlannerConfig, CLEANING_DROP_MARGIN};
 use kvhoard_engine::placement::{BlockInfo, Keep, LiveBlock, Placement, SegmentView};
 use kvhoard_engine::tier::DramTier;
 use kvhoard_engine::Loc;
@@ -218,6 +218,12 @@ impl SimCache {
                     reads: e.reads,
                     age_ms: now_ms.saturating_sub(e.written_ms),
                 }) != Keep::Drop;
+            if keep && self.dropped_by_cleaning(e.group) {
+                // The whole context goes, as with a drop in `rebalance`: this block and its others.
+                let ids = self.planner.as_mut().and_then(|p| p.blocks.remove(&e.group)).unwrap_or_default();
+                self.drop_blocks(e.group, ids.into_iter().chain([id]), now_ms);
+                continue;
+            }
             self.index.remove(&id);
             self.dram.remove(&Self::fp(id));
             self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
@@ -226,6 +232,26 @@ impl SimCache {
                 self.stats.relocated_bytes += e.record;
             } else {
                 self.stats.evictions += 1;
+            }
+        }
+    }
+
+    /// Whether the planner drops `context` rather than have cleaning copy one of its blocks (a
+    /// context the greedy would drop soon, as the engine's planned cleaning asks).
+    fn dropped_by_cleaning(&mut self, context: u64) -> bool {
+        self.planner.as_mut().is_some_and(|p| p.planner.drop_for_cleaning(context, CLEANING_DROP_MARGIN))
+    }
+
+    /// Removes the blocks `ids` still stored for `context`, counted as the planner's drops.
+    fn drop_blocks(&mut self, context: u64, ids: impl Iterator<Item = u64>, now_ms: u64) {
+        for id in ids {
+            let Some(e) = self.index.get(&id).copied().filter(|e| e.group == context) else { continue };
+            self.index.remove(&id);
+            self.dram.remove(&Self::fp(id));
+            self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
+            self.stats.evictions += 1;
+            if let Some(p) = self.planner.as_mut() {
+                p.dropped += 1;
             }
         }
     }
