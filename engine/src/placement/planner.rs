@@ -1255,11 +1255,16 @@ mod tests {
             for step in 0..200u64 {
                 let id = rng.below(12);
                 let quality = [1.0, 0.95 + f64::from(rng.uniform()) * 0.04, 0.7 + f64::from(rng.uniform()) * 0.2, 1.0];
-                match rng.below(10) {
+                match rng.below(12) {
                     0 => p.resize(id, 1 + rng.below(10)),
                     1 => p.forget(id),
                     2 => p.set_ratio(1 + rng.below(2) as usize, 0.2 + f64::from(rng.uniform()) * 0.5),
                     3 => p.set_quality(id, &quality),
+                    4 => {
+                        let dropped = p.drop_for_cleaning(id, [1.0, CLEANING_DROP_MARGIN, 1e9][rng.below(3) as usize]);
+                        assert!(!dropped || p.option_of(id) == p.dropped(), "case {case}: dropped but kept");
+                    }
+                    5 => p.set_half_life(1_000 + rng.below(600_000), step * 500),
                     _ => p.touch(&at(id, step * 500, 1 + rng.below(10), &quality)),
                 }
                 let before: HashMap<u64, (usize, bool)> =
