@@ -2,7 +2,8 @@
 //! contexts and carries out its decisions where the engine writes anyway.
 //!
 //! - **Accesses.** A put or a get of a context's block is an access of the context; puts and
-//!   gets of one context at the same millisecond (a batch) are one access. A put under a key
+//!   gets of one context at the same millisecond (a batch) are one access, and the planner
+//!   counts accesses within a second of a use's first as that use (`super::reuse`). A put under a key
 //!   that named no block adds a block to its context (a dropped context starts again from
 //!   none). A put whose bytes were already stored (a link) adds nothing. Blocks that reclaim
 //!   drops whole with a segment, when cleaning falls behind, stay counted until their context is
@@ -14,7 +15,9 @@
 //! - **Cleaning.** A cleaner emptying a segment keeps each live block as its context's option
 //!   says: as it is, recompressed with that option's codec, or dropped. Placement therefore
 //!   never rewrites a block the cleaner would not have read anyway: a context whose option
-//!   changes reaches its new form segment by segment, as cleaning comes to its blocks.
+//!   changes reaches its new form segment by segment, as cleaning comes to its blocks. Before
+//!   a block is kept, a context the greedy would drop next (or whose drop is a gain) is dropped
+//!   instead ([`Planner::drop_for_cleaning`]), so that cleaning does not copy it.
 //! - **Quality.** Each option's quality for a context is the profile a client set for it
 //!   ([`Planned::set_profile`]), else the configuration's estimate for the codec.
 //! - **Delays.** With a [`LoadModel`], each kept option's delay follows the load speeds the store

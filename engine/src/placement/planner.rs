@@ -41,14 +41,17 @@ use super::reuse::{self, GapLearner};
 use super::{BlockInfo, Keep, LiveBlock, Lru, Placement, PutPlan, SegmentView};
 use crate::clock::Clock;
 
-/// How much more than the log's price of a byte a context may lose per byte dropped and still
-/// be dropped by cleaning instead of copied ([`Planner::drop_for_cleaning`]): 2, a context worth
-/// up to twice the one the greedy dropped last, which one half-life without a use brings down
+/// How much more per byte than the greedy's last drop on the log a context may lose dropped and
+/// still be dropped by cleaning instead of copied ([`Planner::drop_for_cleaning`]): 2, a context
+/// worth up to twice the one the greedy dropped last, which one half-life without a use brings down
 /// to it. Wider margins write less but reach contexts in use: at 4 a context read every second
 /// went, since uses alone make contexts differ by at most 3×. On the shared trace at SSD 0.1 and
 /// 85 % fill (docs/benchmarks.md), cleaning wrote 0.4 bytes per byte put at 2 and 1.0 copying
 /// every kept block, at the same or a lower mean TTFT.
 pub const CLEANING_DROP_MARGIN: f64 = 2.0;
+/// Cleaning drops contexts that lose something ([`Planner::drop_for_cleaning`]) only while the
+/// kept bytes are at least this share of the log's budget.
+pub const CLEANING_DROP_FILL: f64 = 0.9;
 
 /// One way of keeping a context's blocks on the log (a form: as put, or a codec).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -126,6 +129,8 @@ struct Context {
     uses: u32,
     /// Its last access, ms.
     last_ms: u64,
+    /// When its current use began, ms: a use lasts at most [`reuse::SAME_USE_MS`].
+    use_ms: u64,
     /// Estimated quality per option (1 for lossless).
     quality: Vec<f64>,
     /// Its α (its namespace's, else the configuration's).
@@ -337,7 +342,7 @@ impl Planner {
     /// ln of a use's weight at `now_ms`: uses count `2^(t / half-life)`, so that every
     /// context's chance decays by the same factor and the heap's order holds.
     fn ln_time(&self, now_ms: u64) -> f64 {
-        now_ms as f64 / self.half_life_ms.max(1) as f64 * std::f64::consts::LN_2
+        ln_time(now_ms, self.half_life_ms)
     }
 
     /// Contexts dropped so far because cleaning reached one of their blocks.
@@ -353,7 +358,7 @@ impl Planner {
     /// The score of a context used `uses` times, last at `last_ms`: ln of its chance of reuse
     /// at time 0.
     fn ln_freq_of(&self, uses: u32, last_ms: u64) -> f64 {
-        reuse::ln_weight(uses) + self.ln_time(last_ms)
+        ln_freq(uses, last_ms, self.half_life_ms)
     }
 
     /// Follows a half-life of `half_life_ms` from `now_ms` on: every context and both prices of
@@ -365,9 +370,9 @@ impl Planner {
         for price in self.ln_price.iter_mut().flatten().chain(self.ln_drop_price.as_mut()) {
             *price += after - before;
         }
-        let ln2_per_ms = std::f64::consts::LN_2 / self.half_life_ms as f64;
+        let half_life_ms = self.half_life_ms;
         for c in self.contexts.values_mut() {
-            c.ln_freq = reuse::ln_weight(c.uses) + c.last_ms as f64 * ln2_per_ms;
+            c.ln_freq = ln_freq(c.uses, c.last_ms, half_life_ms);
             c.version += 1;
         }
         self.rebuild_heaps();
@@ -511,22 +516,15 @@ impl Planner {
             ln_freq: f64::NEG_INFINITY,
             uses: 0,
             last_ms: now_ms,
+            use_ms: now_ms,
             quality: Vec::new(),
             alpha,
             option: 0,
             dram: false,
             version: 0,
         });
-        // A clock that stepped back makes no gap: the same use.
-        let gap = now_ms.saturating_sub(updated.last_ms);
-        let mut learned = None;
-        if updated.uses == 0 || gap >= reuse::SAME_USE_MS {
-            if updated.uses > 0 {
-                learned = self.gaps.record(gap).filter(|&h| reuse::drifted(self.half_life_ms, h));
-            }
-            updated.uses = updated.uses.saturating_add(1);
-        }
-        updated.last_ms = updated.last_ms.max(now_ms);
+        let pause = used_at(&mut updated, now_ms);
+        let learned = pause.and_then(|gap| self.gaps.record(gap)).filter(|&h| reuse::drifted(self.half_life_ms, h));
         updated.ln_freq = self.ln_freq_of(updated.uses, updated.last_ms);
         updated.blocks = blocks;
         updated.raw_bytes = raw_bytes;
@@ -551,11 +549,15 @@ impl Planner {
 
     /// What `c` is worth kept as `choice` at the current prices of bytes.
     fn worth(&self, c: &Context, choice: Choice) -> f64 {
-        let price =
-            |tier: Tier| self.ln_price.get(tier as usize).copied().flatten().map_or(0.0, |p| (p - c.ln_freq).exp());
-        self.utility_of(c, choice) * c.blocks as f64
-            - price(Tier::Ssd) * self.bytes_in(c, choice, Tier::Ssd)
-            - price(Tier::Dram) * self.bytes_in(c, choice, Tier::Dram)
+        // What `choice` takes in `tier` at its price there: nothing for no bytes, however dear
+        // (a context idle for a thousand half-lives would price a byte at infinity, times 0).
+        let cost = |tier: Tier| match self.bytes_in(c, choice, tier) {
+            b if b > 0.0 => {
+                self.ln_price.get(tier as usize).copied().flatten().map_or(0.0, |p| (p - c.ln_freq).exp()) * b
+            }
+            _ => 0.0,
+        };
+        self.utility_of(c, choice) * c.blocks as f64 - cost(Tier::Ssd) - cost(Tier::Dram)
     }
 
     /// Admission: the choice worth most for `c` at the current prices of bytes (the utility lost
@@ -572,19 +574,13 @@ impl Planner {
     /// than copy it).
     fn admission(&self, c: &Context) -> Choice {
         let dropped = self.dropped();
-        let first = Choice { option: 0, dram: self.dram_choice() };
-        let best = self
-            .choices()
-            .filter(|k| k.option != dropped)
+        let recompute = self.utility_of(c, Choice { option: dropped, dram: false });
+        self.choices()
+            .filter(|k| k.option != dropped && self.utility_of(c, *k) >= recompute)
             .map(|k| (k, self.worth(c, k)))
             .filter(|(_, worth)| worth.is_finite())
-            .fold((first, f64::NEG_INFINITY), |best, x| if x.1 > best.1 { x } else { best })
-            .0;
-        let recompute = self.utility_of(c, Choice { option: dropped, dram: false });
-        if self.utility_of(c, best) < recompute {
-            return Choice { option: 0, dram: false };
-        }
-        best
+            .fold(None, |best: Option<(Choice, f64)>, x| if best.is_none_or(|b| x.1 > b.1) { Some(x) } else { best })
+            .map_or(Choice { option: 0, dram: false }, |(k, _)| k)
     }
 
     /// A kept context used again: held in memory too when that is worth more than the log alone
@@ -608,18 +604,24 @@ impl Planner {
             return c.option;
         }
         let alpha = alpha.unwrap_or(self.config.alpha);
-        let c = Context {
+        // As `touch` would count this use (a dropped context keeps its uses).
+        let (uses, last_ms, use_ms) =
+            self.contexts.get(&context).map_or((0, now_ms, now_ms), |c| (c.uses, c.last_ms, c.use_ms));
+        let mut c = Context {
             blocks,
             raw_bytes,
-            ln_freq: self.ln_freq_of(1, now_ms),
-            uses: 1,
-            last_ms: now_ms,
+            ln_freq: f64::NEG_INFINITY,
+            uses,
+            last_ms,
+            use_ms,
             quality: quality.to_vec(),
             alpha,
             option: 0,
             dram: false,
             version: 0,
         };
+        used_at(&mut c, now_ms);
+        c.ln_freq = self.ln_freq_of(c.uses, c.last_ms);
         self.admission(&c).option
     }
 
@@ -656,6 +658,10 @@ impl Planner {
         // prefill) goes whatever the price; the others when near it.
         let loss = (self.utility_of(c, now) - self.utility_of(c, to)) * c.blocks as f64 / freed;
         if loss > 0.0 {
+            // Only near the budget: a price from a fuller log says nothing of a log with room.
+            if self.counted_in(Tier::Ssd) < CLEANING_DROP_FILL * self.config.budget_bytes as f64 {
+                return false;
+            }
             let Some(price) = self.ln_drop_price else { return false };
             if loss.ln() + c.ln_freq > price + margin.ln() {
                 return false;
@@ -888,6 +894,35 @@ impl Planner {
     }
 }
 
+/// ln of a use's weight at `at_ms` under a half-life of `half_life_ms`.
+fn ln_time(at_ms: u64, half_life_ms: u64) -> f64 {
+    at_ms as f64 / half_life_ms.max(1) as f64 * std::f64::consts::LN_2
+}
+
+/// The score of a context used `uses` times, last at `last_ms`: ln of its chance of reuse at
+/// time 0.
+fn ln_freq(uses: u32, last_ms: u64, half_life_ms: u64) -> f64 {
+    reuse::ln_weight(uses) + ln_time(last_ms, half_life_ms)
+}
+
+/// Counts an access of `c` at `now_ms`: a new use when its current one began
+/// [`reuse::SAME_USE_MS`] or more ago (or it has none); returns the pause since its last access
+/// when that pause alone is a use's length or more, the gap the half-life learns from. A clock
+/// that stepped back starts nothing and moves nothing back.
+fn used_at(c: &mut Context, now_ms: u64) -> Option<u64> {
+    let pause = now_ms.saturating_sub(c.last_ms);
+    let mut gap = None;
+    if c.uses == 0 || now_ms.saturating_sub(c.use_ms) >= reuse::SAME_USE_MS {
+        if c.uses > 0 && pause >= reuse::SAME_USE_MS {
+            gap = Some(pause);
+        }
+        c.uses = c.uses.saturating_add(1);
+        c.use_ms = now_ms;
+    }
+    c.last_ms = c.last_ms.max(now_ms);
+    gap
+}
+
 /// A context `account` is asked to change is always there (its callers check): this is never
 /// called, and would only make a context of nothing.
 fn unreachable_context(_: u64) -> Context {
@@ -897,6 +932,7 @@ fn unreachable_context(_: u64) -> Context {
         ln_freq: f64::NEG_INFINITY,
         uses: 0,
         last_ms: 0,
+        use_ms: 0,
         quality: Vec::new(),
         alpha: 0.0,
         option: 0,
@@ -1105,16 +1141,22 @@ mod tests {
     fn accesses_closer_than_a_second_are_one_use() {
         let mut p = planner(u64::MAX);
         let q = [1.0, 0.98, 0.8, 1.0];
-        for t in [0, 300, 900, 1_700] {
+        for t in [0, 300, 900] {
             p.touch(&at(1, t, 1, &q));
         }
-        // 0, 300, 900 and 1,700 ms: each within a second of the one before, one use.
+        // 0, 300 and 900 ms: within the second the use began, one use.
         assert_eq!(p.contexts[&1].uses, 1);
+        // A use lasts at most a second: a context read without a pause is used again and again.
+        p.touch(&at(1, 1_700, 1, &q));
+        assert_eq!((p.contexts[&1].uses, p.contexts[&1].last_ms), (2, 1_700));
+        // Only a pause of a second or more is a gap the half-life learns from.
+        assert_eq!(p.gaps, GapLearner::default());
         p.touch(&at(1, 2_700, 1, &q));
-        assert_eq!((p.contexts[&1].uses, p.contexts[&1].last_ms), (2, 2_700));
+        assert_eq!((p.contexts[&1].uses, p.contexts[&1].last_ms), (3, 2_700));
+        assert_ne!(p.gaps, GapLearner::default());
         // A clock that steps back is the same use, and never moves the last use back.
         p.touch(&at(1, 100, 1, &q));
-        assert_eq!((p.contexts[&1].uses, p.contexts[&1].last_ms), (2, 2_700));
+        assert_eq!((p.contexts[&1].uses, p.contexts[&1].last_ms), (3, 2_700));
         // Used more, worth more at the same recency.
         p.touch(&at(2, 2_700, 1, &q));
         assert!(p.contexts[&2].ln_freq < p.contexts[&1].ln_freq);
@@ -1165,6 +1207,28 @@ mod tests {
         // Before any drop there is no price, but dropping it is a gain: cleaning drops it.
         assert!(p.drop_for_cleaning(1, CLEANING_DROP_MARGIN));
         assert_eq!((p.cleaning_drops(), p.stored_bytes()), (1, 0));
+    }
+
+    #[test]
+    fn a_new_half_life_reorders_contexts_used_more_against_used_later() {
+        // Room for one of two one-block contexts, kept raw or dropped: one used ten times, one
+        // used once a minute after it.
+        let mut p = planner(u64::MAX);
+        let q = [1.0, f64::NEG_INFINITY, f64::NEG_INFINITY, 1.0];
+        for t in 0..10 {
+            p.touch(&at(1, t * 1_000, 1, &q));
+        }
+        p.touch(&at(2, 69_000, 1, &q));
+        let fit = |mut p: Planner| {
+            p.set_budget(100);
+            p.rebalance();
+            (0..3).filter(|&c| p.option_of(c) == 0 && p.contexts.contains_key(&c)).collect::<Vec<u64>>()
+        };
+        // A minute is a tenth of a 10-minute half-life: the context used ten times stays.
+        assert_eq!(fit(p.clone()), vec![1]);
+        // Two half-lives of 30 s: the one used a minute later is worth more.
+        p.set_half_life(30_000, 69_000);
+        assert_eq!(fit(p), vec![2]);
     }
 
     #[test]

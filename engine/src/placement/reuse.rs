@@ -2,8 +2,8 @@
 //!
 //! **Weight.** A context used `k` times is used again with a chance that grows with `k` and
 //! levels off: `k / (k + 2)` (1/3 after one use, 1/2 after two, 3/5 after three). On the
-//! Mooncake conversation trace the measured chances are 0.31, 0.42, 0.51, 0.59, 0.59, 0.67
-//! (docs/placement.md): the shape, not a fit.
+//! Mooncake conversation trace the measured chances after one to six uses are 0.31, 0.42,
+//! 0.51, 0.59, 0.59, 0.67 (docs/benchmarks.md): the shape, not a fit.
 //!
 //! **Recency.** The weight halves with every half-life since the context's last use: a context
 //! whose next use has not come for a long while most likely has none. The half-life follows the
@@ -12,14 +12,15 @@
 //! conversations pause for seconds and one whose pause for hours are both ranked by the chance
 //! of their own next use, with no setting to tune.
 //!
-//! **Uses.** Accesses with less than [`SAME_USE_MS`] between them are one use (the chunks of one
-//! request, a lookup and the put that follows it), so that a long prompt is not counted as many
-//! uses and its chunks' gaps do not teach the half-life.
+//! **Uses.** Accesses within [`SAME_USE_MS`] of the first of them are one use (the chunks of one
+//! request, a lookup and the put that follows it), so that a request is not counted as many
+//! uses; a context read without a pause starts a new use every [`SAME_USE_MS`]. Only a pause of
+//! [`SAME_USE_MS`] or more between two accesses is a gap the half-life learns from.
 //!
 //! The score `ln(weight) + last use / half-life · ln 2` orders contexts as `weight ·
 //! 2^(-age / half-life)` does at every instant, so time alone reorders nothing (the planner's
 //! heaps stay valid); a new half-life rescores every context, O(contexts), and comes at most
-//! once per [`GAP_REFRESH`] uses, and only when the median moved by more than
+//! once per [`GAP_REFRESH`] gaps, and only when the median moved by more than
 //! [`HALF_LIFE_DRIFT`].
 
 /// Accesses of a context closer than this are one use.
@@ -40,7 +41,7 @@ pub fn ln_weight(uses: u32) -> f64 {
 }
 
 /// The latest gaps between uses of a context, and the half-life they call for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GapLearner {
     /// A ring of the latest [`GAP_WINDOW`] gaps, ms.
     gaps: Vec<u64>,
