@@ -228,12 +228,26 @@ impl SimCache {
             self.dram.remove(&Self::fp(id));
             self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
             if keep {
-                self.append(id, e.group, now_ms, e.expires_ms, e.codec);
-                self.stats.relocated_bytes += e.record;
+                let codec = self.recode_for(&e);
+                self.append(id, e.group, now_ms, e.expires_ms, codec);
+                self.stats.relocated_bytes += self.record_bytes(codec);
             } else {
                 self.stats.evictions += 1;
             }
         }
+    }
+
+    /// The codec cleaning writes a copy of `e` with: its context's option where the planner keeps
+    /// the context in another form (counted as a recompression), else its own.
+    fn recode_for(&mut self, e: &Entry) -> u8 {
+        let dropped = self.codecs.len();
+        let Some(p) = self.planner.as_mut() else { return e.codec };
+        let option = p.planner.option_of(e.group);
+        if p.planner.qualities(e.group).is_none() || option >= dropped || option == usize::from(e.codec) {
+            return e.codec;
+        }
+        p.recompressed += 1;
+        u8::try_from(option).unwrap_or(e.codec)
     }
 
     /// Whether the planner drops `context` rather than have cleaning copy one of its blocks (a
@@ -438,22 +452,17 @@ impl SimCache {
             }
             for id in ids {
                 let Some(e) = self.index.get(&id).copied() else { continue };
-                if e.group != context || e.codec == option {
+                // A block whose context is to be kept in another form is recoded when cleaning
+                // copies it, as the engine's cleaner does (`recode_for`), never rewritten for
+                // the plan alone: until then it is read, and takes its bytes, as it is.
+                if e.group != context || e.codec == option || option < dropped {
                     continue;
                 }
                 self.index.remove(&id);
                 self.dram.remove(&Self::fp(id));
                 self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
-                if option >= dropped {
-                    self.stats.evictions += 1;
-                    p.dropped += 1;
-                } else {
-                    // Recompressed: written again with the new codec; the old record is dead.
-                    self.clean_if_short(now_ms);
-                    self.append(id, context, now_ms, e.expires_ms, option);
-                    self.stats.relocated_bytes += self.record_bytes(option);
-                    p.recompressed += 1;
-                }
+                self.stats.evictions += 1;
+                p.dropped += 1;
             }
             if option >= dropped {
                 p.blocks.remove(&context);
