@@ -125,7 +125,7 @@ struct Context {
     /// ln of its chance of reuse at time 0: ln weight of its uses + its last use in half-lives
     /// · ln 2 (`placement::reuse`).
     ln_freq: f64,
-    /// Its uses (accesses [`reuse::SAME_USE_MS`] apart).
+    /// Its uses (accesses within [`reuse::SAME_USE_MS`] of a use's first are that use).
     uses: u32,
     /// Its last access, ms.
     last_ms: u64,
@@ -355,12 +355,6 @@ impl Planner {
         self.half_life_ms
     }
 
-    /// The score of a context used `uses` times, last at `last_ms`: ln of its chance of reuse
-    /// at time 0.
-    fn ln_freq_of(&self, uses: u32, last_ms: u64) -> f64 {
-        ln_freq(uses, last_ms, self.half_life_ms)
-    }
-
     /// Follows a half-life of `half_life_ms` from `now_ms` on: every context and both prices of
     /// a byte are scored again, the prices worth as much now as before, O(contexts).
     fn set_half_life(&mut self, half_life_ms: u64, now_ms: u64) {
@@ -504,7 +498,7 @@ impl Planner {
     /// A request used a context ([`ContextUse`]). A context that was dropped starts again from
     /// the choice admission gives it; one kept on the log alone is held in memory too when that
     /// is worth more at the current prices of bytes (as a read would bring it there). Accesses
-    /// less than [`reuse::SAME_USE_MS`] apart are one use.
+    /// within [`reuse::SAME_USE_MS`] of a use's first are that use ([`used_at`]).
     pub fn touch(&mut self, u: &ContextUse<'_>) {
         let ContextUse { context, now_ms, blocks, raw_bytes, quality, alpha } = *u;
         let alpha = alpha.unwrap_or(self.config.alpha);
@@ -525,7 +519,7 @@ impl Planner {
         });
         let pause = used_at(&mut updated, now_ms);
         let learned = pause.and_then(|gap| self.gaps.record(gap)).filter(|&h| reuse::drifted(self.half_life_ms, h));
-        updated.ln_freq = self.ln_freq_of(updated.uses, updated.last_ms);
+        updated.ln_freq = ln_freq(updated.uses, updated.last_ms, self.half_life_ms);
         updated.blocks = blocks;
         updated.raw_bytes = raw_bytes;
         updated.quality = quality.to_vec();
@@ -621,7 +615,7 @@ impl Planner {
             version: 0,
         };
         used_at(&mut c, now_ms);
-        c.ln_freq = self.ln_freq_of(c.uses, c.last_ms);
+        c.ln_freq = ln_freq(c.uses, c.last_ms, self.half_life_ms);
         self.admission(&c).option
     }
 

@@ -221,7 +221,10 @@ impl SimCache {
             if keep && self.dropped_by_cleaning(e.group) {
                 // The whole context goes, as with a drop in `rebalance`: this block and its others.
                 let ids = self.planner.as_mut().and_then(|p| p.blocks.remove(&e.group)).unwrap_or_default();
-                self.drop_blocks(e.group, ids.into_iter().chain([id]), now_ms);
+                let n = self.drop_blocks(e.group, ids.into_iter().chain([id]), now_ms);
+                if let Some(p) = self.planner.as_mut() {
+                    p.dropped += n;
+                }
                 continue;
             }
             self.index.remove(&id);
@@ -256,18 +259,19 @@ impl SimCache {
         self.planner.as_mut().is_some_and(|p| p.planner.drop_for_cleaning(context, CLEANING_DROP_MARGIN))
     }
 
-    /// Removes the blocks `ids` still stored for `context`, counted as the planner's drops.
-    fn drop_blocks(&mut self, context: u64, ids: impl Iterator<Item = u64>, now_ms: u64) {
+    /// Removes the blocks `ids` still stored for `context` (evictions); returns how many, the
+    /// planner's drops.
+    fn drop_blocks(&mut self, context: u64, ids: impl Iterator<Item = u64>, now_ms: u64) -> u64 {
+        let mut dropped = 0;
         for id in ids {
             let Some(e) = self.index.get(&id).copied().filter(|e| e.group == context) else { continue };
             self.index.remove(&id);
             self.dram.remove(&Self::fp(id));
             self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
             self.stats.evictions += 1;
-            if let Some(p) = self.planner.as_mut() {
-                p.dropped += 1;
-            }
+            dropped += 1;
         }
+        dropped
     }
 
     fn reclaim(&mut self, now_ms: u64) {
@@ -450,22 +454,12 @@ impl SimCache {
                     self.dram.remove(&Self::fp(*id));
                 }
             }
-            for id in ids {
-                let Some(e) = self.index.get(&id).copied() else { continue };
-                // A block whose context is to be kept in another form is recoded when cleaning
-                // copies it, as the engine's cleaner does (`recode_for`), never rewritten for
-                // the plan alone: until then it is read, and takes its bytes, as it is.
-                if e.group != context || e.codec == option || option < dropped {
-                    continue;
-                }
-                self.index.remove(&id);
-                self.dram.remove(&Self::fp(id));
-                self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
-                self.stats.evictions += 1;
-                p.dropped += 1;
-            }
+            // A block whose context is to be kept in another form is recoded when cleaning
+            // copies it, as the engine's cleaner does (`recode_for`), never rewritten for the
+            // plan alone: until then it is read, and takes its bytes, as it is.
             if option >= dropped {
                 p.blocks.remove(&context);
+                p.dropped += self.drop_blocks(context, ids.into_iter(), now_ms);
             }
         }
         self.planner = Some(p);
