@@ -4,10 +4,15 @@
 //! - **Accesses.** A put or a get of a context's block is an access of the context; puts and
 //!   gets of one context at the same millisecond (a batch) are one access, and the planner
 //!   counts accesses within a second of a use's first as that use (`super::reuse`). A put under a key
-//!   that named no block adds a block to its context (a dropped context starts again from
-//!   none). A put whose bytes were already stored (a link) adds nothing. Blocks that reclaim
-//!   drops whole with a segment, when cleaning falls behind, stay counted until their context is
-//!   dropped.
+//!   that named no block adds a block to its context. A put whose bytes were already stored (a
+//!   link) adds nothing. Blocks that reclaim drops whole with a segment, when cleaning falls
+//!   behind, stay counted until their context is dropped.
+//! - **Drops.** A dropped context's blocks stay on the log, readable, until cleaning reaches
+//!   them; each one cleaning drops is counted out ([`Planner::block_gone`]). A dropped context
+//!   accessed again while some are left is kept again as it was before its drop, counting the
+//!   blocks left ([`Planner::restore`]): the reads that found them keep them, and their bytes
+//!   count against the budget. One with none left starts again from what is put now, with the
+//!   option admission gives it.
 //! - **Admission.** A put that names no codec is stored with the codec of its context's option
 //!   (for a new or dropped context, the option admission gives it at the current price of a
 //!   byte), asked once per batch whose blocks are one context (a batch with a group, or one
@@ -270,11 +275,12 @@ impl Planned {
         let now = self.clock.now_unix_ms();
         let mut state = self.lock();
         let state = &mut *state;
-        // A dropped context's blocks are gone (or going): it starts again from what is put now.
-        let dropped = state.planner.dropped();
-        let kept =
-            if state.planner.option_of(block.context) == dropped { 0 } else { state.planner.blocks_of(block.context) };
-        let blocks = kept + added;
+        // A dropped context whose blocks cleaning has not all reached yet is kept again as it
+        // was, counting those blocks; one with none left starts again from what is put now.
+        if state.planner.option_of(block.context) == state.planner.dropped() {
+            state.planner.restore(block.context);
+        }
+        let blocks = state.planner.blocks_of(block.context) + added;
         if state.last_access.insert(block.context, now) == Some(now) {
             state.planner.resize(block.context, blocks);
         } else {
@@ -484,6 +490,9 @@ impl Placement for Planned {
             state.planner.drop_for_cleaning(block.context, CLEANING_DROP_MARGIN);
         }
         let option = state.planner.option_of(block.context);
+        if known && option == state.planner.dropped() {
+            state.planner.block_gone(block.context);
+        }
         state.cpu += started.elapsed();
         drop(state);
         if !known {
@@ -583,6 +592,43 @@ mod tests {
         // A context it never saw (a restart) is kept as LRU keeps it.
         assert_eq!(p.keep(&live(9, 0)), Keep::Drop);
         assert_eq!(p.keep(&live(9, 2)), Keep::Relocate);
+    }
+
+    #[test]
+    fn a_dropped_context_read_again_counts_the_blocks_cleaning_left() {
+        // Room for one context of 8 blocks quantized.
+        let (p, now) = planned(400);
+        for _ in 0..8 {
+            p.on_put(&info(1));
+        }
+        let form = p.option_of(1);
+        assert_eq!(form, 1, "quantized to fit");
+        // A newer, hotter context of 8 blocks takes the room: context 1 is dropped.
+        for t in 1..=3 {
+            now.store(1_000 + t * 1_000, Ordering::Relaxed);
+            for _ in 0..8 {
+                p.on_put(&BlockInfo { new_key: t == 1, ..info(2) });
+            }
+        }
+        assert_eq!(p.option_of(1), 2, "dropped");
+        // Cleaning reaches three of its blocks and drops them.
+        for _ in 0..3 {
+            assert_eq!(p.keep(&live(1, 0)), Keep::Drop);
+        }
+        // A read finds one of the five left: the context is kept as it was, with those five,
+        // and their bytes count (the next put or cleaning brings the log back within budget).
+        now.store(10_000, Ordering::Relaxed);
+        let before = p.report().planned_bytes;
+        p.on_hit(&info(1));
+        assert_eq!(p.option_of(1), form);
+        assert_eq!(p.lock().planner.blocks_of(1), 5);
+        assert_eq!(p.report().planned_bytes, before + 5 * 50);
+        // A put of a block it lost is counted with them, in their form.
+        assert_eq!(p.codec_at_put(&info(1)), p.codecs[form]);
+        p.on_put(&info(1));
+        let state = p.lock();
+        assert!(state.planner.stored_bytes() <= 400, "the put rebalanced");
+        assert!(state.planner.option_of(1) == state.planner.dropped() || state.planner.blocks_of(1) == 6);
     }
 
     #[test]
