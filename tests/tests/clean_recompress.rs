@@ -302,3 +302,60 @@ fn a_put_placement_quantizes_is_sampled_for_quality_too() {
     }
     assert_eq!(store.stats().quality_samples, 3);
 }
+
+/// Drops the blocks of even groups and quantizes the rest, wherever cleaning reaches them.
+#[derive(Debug)]
+struct DropEven;
+
+impl Placement for DropEven {
+    fn on_put(&self, _: &BlockInfo<'_>) -> PutPlan {
+        PutPlan { dram: false }
+    }
+    fn on_load(&self, _: &BlockInfo<'_>) -> bool {
+        false
+    }
+    fn victim(&self, candidates: &[SegmentView]) -> u32 {
+        candidates.iter().min_by_key(|s| s.seq).map_or(0, |s| s.index)
+    }
+    fn cleans(&self) -> bool {
+        true
+    }
+    fn keep(&self, block: &LiveBlock<'_>) -> Keep {
+        match block.group.is_some_and(|g| g % 2 == 0) {
+            true => Keep::Drop,
+            false => Keep::Recompress(q8()),
+        }
+    }
+}
+
+#[test]
+fn cleaning_moves_a_pinned_block_as_it_is_whatever_placement_says() {
+    let dev = Arc::new(MemDevice::new(SEG * 16));
+    let opts = StoreOptions { placement: Arc::new(DropEven), ..StoreOptions::default() };
+    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
+    store.set_policy("lossy", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
+    // 40 blocks of 32 KiB: the first segment is sealed full of them, the next one open.
+    let bytes = |i: u64| Synth::for_desc(shape(), i + 1).generate();
+    for i in 0..40u64 {
+        let opts = PutOptions { desc: Some(shape().desc()), group: Some(i), ..PutOptions::default() };
+        store.put("lossy", &format!("k{i}"), &bytes(i), &opts).unwrap();
+    }
+    // Pins on every other key, so that every sealed segment holds one: cleaning must take a
+    // segment with pinned blocks in it.
+    for i in (1..40u64).step_by(4) {
+        assert!(store.pin("lossy", &format!("k{i}")).unwrap());
+    }
+    assert!(store.clean_now().unwrap().is_some(), "a sealed segment was cleaned");
+    assert!(store.stats().pins_overridden > 0, "the cleaned segment held pins");
+    let get = |i: u64| store.get("lossy", &format!("k{i}"), ReadOptions { verify_hash: true }).unwrap();
+    // Placement's word held for the blocks without a pin in that segment...
+    let dropped = (0..40u64).step_by(2).filter(|&i| get(i).is_none()).count();
+    let quantized = (3..40u64).step_by(4).filter(|&i| get(i).is_some_and(|b| b.meta.codec() != "raw")).count();
+    assert!(dropped > 0 && quantized > 0, "dropped {dropped}, quantized {quantized}");
+    // ...and not for a pinned one: each is there, in the form it was put in.
+    for i in (1..40u64).step_by(4) {
+        let got = get(i).unwrap_or_else(|| panic!("pinned k{i} was dropped"));
+        assert_eq!(got.meta.codec(), "raw", "pinned k{i} was recoded");
+        assert_eq!(got[..], bytes(i)[..], "pinned k{i}");
+    }
+}

@@ -13,8 +13,13 @@
 //! lose it with the segment; checked again when its record is reserved), a block stored lossy is
 //! never recoded by cleaning (its form is final), and one the namespace's policy does not allow
 //! to be recoded (`store/recode.rs`) is relocated as it is.
+//!
+//! Pins. The victim is chosen among the segments that hold no pinned key's records while there
+//! is one (`choose_victim`); when every sealed segment holds one, a pinned key's block is still
+//! never dropped nor recoded by cleaning, whatever placement says: it is relocated as it is, so a
+//! hit a client was promised stays one, in the form it was found in.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -153,6 +158,8 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     };
     let now_ms = parts.clock.now_unix_ms();
     let now_s = parts.clock.now_unix_s();
+    // Taken before the index's lock: the pins' lock is a leaf.
+    let pinned: HashSet<KeyFp> = parts.pins.live(now_ms).into_iter().collect();
     let index = parts.index_read();
     let mut blocks = Vec::new();
     let mut links = Vec::new();
@@ -198,7 +205,11 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
         };
         let Some(c) = index.content(k.content).copied() else { continue };
         let policy = parts.policies.get(&h.namespace);
-        let recode = match parts.placement.keep(&info(h, c.raw_len, c.units, index.heat(k.content), now_ms, &policy)) {
+        let keep = match pinned.contains(&kfp) {
+            true => Keep::Relocate,
+            false => parts.placement.keep(&info(h, c.raw_len, c.units, index.heat(k.content), now_ms, &policy)),
+        };
+        let recode = match keep {
             Keep::Drop => continue,
             Keep::Relocate => None,
             // Other keys name this block too: a new form under this key would leave them none.
