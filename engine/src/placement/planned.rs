@@ -1,9 +1,9 @@
 //! The planner applied by the engine: a [`Placement`] that keeps a [`Planner`] of the volume's
 //! contexts and carries out its decisions where the engine writes anyway.
 //!
-//! - **Accesses.** A put or a get of a context's block is an access of the context; puts and
-//!   gets of one context at the same millisecond (a batch) are one access, and the planner
-//!   counts accesses within a second of a use's first as that use (`super::reuse`). A put under a key
+//! - **Accesses.** A put or a get of a context's block is an access of the context; the planner
+//!   counts accesses within a second of a use's first as that use (`super::reuse`), so the
+//!   blocks of a batch, or a lookup and the put after it, are one use. A put under a key
 //!   that named no block adds a block to its context. A put whose bytes were already stored (a
 //!   link) adds nothing. Blocks that reclaim drops whole with a segment, when cleaning falls
 //!   behind, stay counted until their context is dropped.
@@ -76,8 +76,6 @@ pub struct PlannedConfig {
 #[derive(Debug)]
 struct State {
     planner: Planner,
-    /// Per context: the last millisecond it was accessed.
-    last_access: HashMap<u64, u64>,
     /// Quality profiles clients set, per context.
     profiles: HashMap<u64, Vec<f64>>,
     /// Time spent deciding.
@@ -167,7 +165,6 @@ impl Planned {
         let copy_s = dram.delay_s.iter().zip(&decode_s).map(|(d, decode)| (d - decode).max(0.0)).collect();
         let state = State {
             planner: Planner::new(config.planner),
-            last_access: HashMap::new(),
             profiles: HashMap::new(),
             cpu: Duration::ZERO,
             observed: vec![(0, 0, 0); config.codecs.len()],
@@ -280,20 +277,18 @@ impl Planned {
         if state.planner.option_of(block.context) == state.planner.dropped() {
             state.planner.restore(block.context);
         }
+        // Every block of a batch is an access; the planner counts those within a second of a
+        // use's first as that use.
         let blocks = state.planner.blocks_of(block.context) + added;
-        if state.last_access.insert(block.context, now) == Some(now) {
-            state.planner.resize(block.context, blocks);
-        } else {
-            let quality = self.quality_of(state, block);
-            state.planner.touch(&ContextUse {
-                context: block.context,
-                now_ms: now,
-                blocks: blocks.max(1),
-                raw_bytes: block.raw_bytes,
-                quality: &quality,
-                alpha: block.policy.settings.alpha,
-            });
-        }
+        let quality = self.quality_of(state, block);
+        state.planner.touch(&ContextUse {
+            context: block.context,
+            now_ms: now,
+            blocks: blocks.max(1),
+            raw_bytes: block.raw_bytes,
+            quality: &quality,
+            alpha: block.policy.settings.alpha,
+        });
         if put {
             self.observe(state, block);
             if state.planner.over_budget() {
@@ -328,7 +323,6 @@ impl Planned {
         state.puts_since_check = 0;
         if state.planner.contexts() > MAX_CONTEXTS {
             for context in state.planner.forget_dropped() {
-                state.last_access.remove(&context);
                 state.profiles.remove(&context);
             }
         }
@@ -484,7 +478,7 @@ impl Placement for Planned {
         if state.planner.over_budget() {
             state.planner.rebalance();
         }
-        let known = state.last_access.contains_key(&block.context);
+        let known = state.planner.qualities(block.context).is_some();
         // A context the greedy would drop soon is dropped now rather than copied.
         if known {
             state.planner.drop_for_cleaning(block.context, CLEANING_DROP_MARGIN);

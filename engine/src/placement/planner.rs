@@ -636,15 +636,6 @@ impl Planner {
         self.contexts.get(&context).map_or(0, |c| c.blocks)
     }
 
-    /// `context` now holds `blocks` blocks (more were put in the same access): its bytes change,
-    /// its uses do not. Nothing for a context never touched.
-    pub fn resize(&mut self, context: u64, blocks: u64) {
-        if !self.contexts.contains_key(&context) {
-            return;
-        }
-        self.account(context, || unreachable_context(context), |c| c.blocks = blocks);
-    }
-
     /// A dropped context is used again while some of its blocks are still on the log (cleaning
     /// has not reached them yet): it is kept again as it was before its drop, counting the blocks
     /// still there ([`Planner::block_gone`] counts the others out), so that the bytes those reads
@@ -1414,7 +1405,7 @@ mod tests {
                 let id = rng.below(12);
                 let quality = [1.0, 0.95 + f64::from(rng.uniform()) * 0.04, 0.7 + f64::from(rng.uniform()) * 0.2, 1.0];
                 match rng.below(14) {
-                    0 => p.resize(id, 1 + rng.below(10)),
+                    0 => p.touch(&at(id, step * 500, p.blocks_of(id) + 1 + rng.below(4), &quality)),
                     1 => p.forget(id),
                     2 => p.set_ratio(1 + rng.below(2) as usize, 0.2 + f64::from(rng.uniform()) * 0.5),
                     3 => p.set_quality(id, &quality),
