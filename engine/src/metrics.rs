@@ -26,6 +26,8 @@ pub(crate) struct Metrics {
     pub evicted_bytes: AtomicU64,
     pub segments_reclaimed: AtomicU64,
     pub pins_overridden: AtomicU64,
+    /// Keys of contexts placement's planner dropped, removed at once (`reclaim/drops.rs`).
+    pub planner_dropped_keys: AtomicU64,
     /// Blocks stored compressed by the store's codec.
     pub compressed: AtomicU64,
     /// Blocks a codec was asked for but could not take (no tensor description, no gain): stored

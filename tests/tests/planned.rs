@@ -73,13 +73,21 @@ fn planned(clock: Clock, loads: LoadModel) -> Arc<Planned> {
 
 /// A volume of `SEGMENTS` segments placed by the planner, on a clock the test moves.
 fn planned_store() -> (Arc<AtomicU64>, Arc<Planned>, Store) {
+    let (now, planner, store, _, _) = planned_volume();
+    (now, planner, store)
+}
+
+/// [`planned_store`], with its device and options.
+fn planned_volume() -> (Arc<AtomicU64>, Arc<Planned>, Store, Arc<MemDevice>, StoreOptions) {
     let now = Arc::new(AtomicU64::new(1_700_000_000_000));
     let clock = Clock::manual(Arc::clone(&now));
     let planner = planned(clock.clone(), LoadModel::default());
     let dev = Arc::new(MemDevice::new(SEG * (SEGMENTS + 3)));
     let opts = StoreOptions { placement: planner.clone(), clock, ..StoreOptions::default() };
-    let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
-    (now, planner, store)
+    let store =
+        Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone())
+            .unwrap();
+    (now, planner, store, dev, opts)
 }
 
 #[test]
@@ -225,4 +233,65 @@ fn the_planners_delays_follow_what_the_stores_loads_take() {
         assert!((read / followed[0] - ratios[k] / ratios[0]).abs() < 1e-6, "option {k}: {followed:?} {ratios:?}");
     }
     assert_eq!(followed[4], configured[4], "recomputing stays as configured");
+}
+
+#[test]
+fn a_dropped_context_reads_as_misses_at_once_and_a_crash_leaves_a_sound_volume() {
+    let (now, planner, store, dev, opts) = planned_volume();
+    // Room for a quarter of the volume: the planner drops contexts long before the volume is
+    // full, so no cleaning or reclaim takes part.
+    planner.set_budget(store.stats().capacity_bytes / 4);
+    let bytes_of = |group: u64, i: u64| Synth::for_desc(shape(), group * 16 + i + 1).generate();
+    let key = |group: u64, i: u64| format!("g{group}-{i}");
+    let context = |group: u64| kvhoard_engine::placement::context_of(Some(group), "strict", &key(group, 0));
+    let groups = 24u64;
+    for group in 0..groups {
+        now.fetch_add(1_000, Ordering::Relaxed);
+        let blocks: Vec<(String, Vec<u8>)> = (0..4).map(|i| (key(group, i), bytes_of(group, i))).collect();
+        let items: Vec<(&str, &[u8])> = blocks.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
+        let opts = PutOptions {
+            durability: Durability::Written,
+            desc: Some(shape().desc()),
+            group: Some(group),
+            ..PutOptions::default()
+        };
+        store.put_batch("strict", &items, &opts).unwrap();
+    }
+    let stats = store.stats();
+    assert!(stats.planner_dropped_keys > 0, "nothing dropped: {stats:?}");
+    assert_eq!((stats.segments_cleaned, stats.segments_reclaimed), (0, 0), "the drops needed no cleaning");
+    let get = |store: &Store, group: u64, i: u64| {
+        store.get("strict", &key(group, i), ReadOptions { verify_hash: true }).unwrap().map(|b| b.to_vec())
+    };
+    // A dropped context's blocks are gone, all of them; a kept one's are all there.
+    let dropped_option = 4;
+    let mut dropped = 0;
+    for group in 0..groups {
+        let gone = planner.option_of(context(group)) == dropped_option;
+        dropped += u64::from(gone);
+        for i in 0..4 {
+            match get(&store, group, i) {
+                Some(b) => assert!(!gone && b == bytes_of(group, i), "{}: dropped, or other bytes", key(group, i)),
+                None => assert!(gone, "{} of a kept context is missing", key(group, i)),
+            }
+        }
+    }
+    assert_eq!(stats.planner_dropped_keys, dropped * 4);
+    assert!(stats.live_bytes < 4 * groups * bytes_of(0, 0).len() as u64, "their records are dead space");
+    // A crash: the volume opens and passes fsck; a dropped key may come back (nothing was
+    // written for it), with its own bytes, and every kept one is there.
+    let image = Arc::new(dev.crash(kvhoard_engine::device::CrashMode::KeepAll));
+    std::mem::forget(store);
+    let report = kvhoard_engine::check::check_device(image.as_ref(), Default::default()).unwrap();
+    assert_eq!(report.count(kvhoard_engine::check::Severity::Error), 0, "{:#?}", report.problems);
+    let reopened = Store::open_on(image, opts).unwrap();
+    for group in 0..groups {
+        let kept = planner.option_of(context(group)) != dropped_option;
+        for i in 0..4 {
+            match get(&reopened, group, i) {
+                Some(b) => assert!(b == bytes_of(group, i), "{} came back as other bytes", key(group, i)),
+                None => assert!(!kept, "{} of a kept context was lost", key(group, i)),
+            }
+        }
+    }
 }

@@ -69,6 +69,8 @@ pub struct BlockInfo<'a> {
     pub group: Option<u64>,
     /// Its context ([`context_of`]).
     pub context: u64,
+    /// Its key.
+    pub key: KeyId,
     /// At a put: its key named no block before (the put adds a block to its context).
     pub new_key: bool,
     /// Its namespace's policy: whether lossy codecs are allowed, and its settings.
@@ -201,6 +203,16 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     /// Reclaim dropped these keys: they read as misses from now on, and never come back.
     fn dropped(&self, keys: &[KeyId]) {
         let _ = keys;
+    }
+
+    /// Keys whose blocks placement dropped since it was last asked (a planner dropping a
+    /// context): the store removes them from its index and the DRAM tier, so they read as misses
+    /// and their records are dead space to cleaning. Not written to the log: after a crash, a key
+    /// dropped since the last checkpoint may be found again (its bytes, which are still right),
+    /// until cleaning or a later drop lets it go. Asked after puts and cleaning, never under the
+    /// log's lock.
+    fn take_drops(&self) -> Vec<KeyId> {
+        Vec::new()
     }
 
     /// Whether a background cleaner empties segments before the volume is full, keeping the live

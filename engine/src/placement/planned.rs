@@ -4,15 +4,18 @@
 //! - **Accesses.** A put or a get of a context's block is an access of the context; the planner
 //!   counts accesses within a second of a use's first as that use (`super::reuse`), so the
 //!   blocks of a batch, or a lookup and the put after it, are one use. A put under a key
-//!   that named no block adds a block to its context. A put whose bytes were already stored (a
-//!   link) adds nothing. Blocks that reclaim drops whole with a segment, when cleaning falls
-//!   behind, stay counted until their context is dropped.
-//! - **Drops.** A dropped context's blocks stay on the log, readable, until cleaning reaches
-//!   them; each one cleaning drops is counted out ([`Planner::block_gone`]). A dropped context
-//!   accessed again while some are left is kept again as it was before its drop, counting the
-//!   blocks left ([`Planner::restore`]): the reads that found them keep them, and their bytes
-//!   count against the budget. One with none left starts again from what is put now, with the
-//!   option admission gives it.
+//!   that named no block adds a block to its context (a dropped context starts again from
+//!   none). A put whose bytes were already stored (a link) adds nothing. Blocks that reclaim
+//!   drops whole with a segment, when cleaning falls behind, stay counted until their context is
+//!   dropped.
+//! - **Drops.** A context the planner drops (its greedy, or cleaning's drop) is dropped at once:
+//!   the keys of its blocks put since the store opened are handed to the store
+//!   ([`Placement::take_drops`]), which removes them from its index and memory, so they read as
+//!   misses and their records are dead space that cleaning's choice of victims sees, as the
+//!   simulator assumes. Left on the log, they would look live to the cleaner until it reached
+//!   them: on a trace whose contexts all come back, that kept the volume full and cleaning
+//!   copied a segment to free a sliver of one (docs/benchmarks.md). Keys the planner never saw
+//!   put (before a restart) are dropped as cleaning reaches them.
 //! - **Admission.** A put that names no codec is stored with the codec of its context's option
 //!   (for a new or dropped context, the option admission gives it at the current price of a
 //!   byte), asked once per batch whose blocks are one context (a batch with a group, or one
@@ -30,7 +33,8 @@
 //!   ratios; see [`super::load_model`].
 //!
 //! What the planner knows lives in memory (about 150 bytes per context: the context, its
-//! profile when one is set, and its place in the heap), at most [`MAX_CONTEXTS`] of them: past
+//! profile when one is set, and its place in the heap; and 16 bytes per block for its key), at
+//! most [`MAX_CONTEXTS`] of them: past
 //! that, dropped contexts are forgotten. After a restart it knows no context until one is used
 //! again, and counts only the blocks it sees put or read; a cleaner meets blocks of contexts it
 //! does not know (or forgot) and keeps them as [`Lru`] does (those read since their write).
@@ -53,10 +57,11 @@ use std::time::{Duration, Instant};
 use kvhoard_kernels::CodecSpec;
 
 use super::load_model::{LoadModel, SPEED_MIN_LOADS};
-use super::planner::{ContextUse, Planner, PlannerConfig, CLEANING_DROP_MARGIN};
+use super::planner::{Change, ContextUse, Planner, PlannerConfig, CLEANING_DROP_MARGIN};
 use super::{BlockInfo, Keep, LiveBlock, Lru, OptionView, Placement, PlacementReport, PlanView, PutPlan, SegmentView};
 use crate::clock::Clock;
 use crate::error::{Result, StoreError};
+use crate::index::KeyId;
 use crate::tier::{LoadSpeeds, SpeedTotals};
 
 /// A planned volume's options: the planner's configuration and the codec of each option.
@@ -78,6 +83,10 @@ struct State {
     planner: Planner,
     /// Quality profiles clients set, per context.
     profiles: HashMap<u64, Vec<f64>>,
+    /// Per kept context: the keys of the blocks put by it since the store opened.
+    keys: HashMap<u64, Vec<KeyId>>,
+    /// Keys of dropped contexts, for the store to remove ([`Placement::take_drops`]).
+    doomed: Vec<KeyId>,
     /// Time spent deciding.
     cpu: Duration,
     /// Per option, since its ratio was last set: (record bytes, raw bytes, blocks) of the puts
@@ -166,6 +175,8 @@ impl Planned {
         let state = State {
             planner: Planner::new(config.planner),
             profiles: HashMap::new(),
+            keys: HashMap::new(),
+            doomed: Vec::new(),
             cpu: Duration::ZERO,
             observed: vec![(0, 0, 0); config.codecs.len()],
             puts_since_check: 0,
@@ -272,14 +283,16 @@ impl Planned {
         let now = self.clock.now_unix_ms();
         let mut state = self.lock();
         let state = &mut *state;
-        // A dropped context whose blocks cleaning has not all reached yet is kept again as it
-        // was, counting those blocks; one with none left starts again from what is put now.
-        if state.planner.option_of(block.context) == state.planner.dropped() {
-            state.planner.restore(block.context);
+        // A dropped context's blocks are gone: it starts again from what is put now. Every
+        // block of a batch is an access; the planner counts those within a second of a use's
+        // first as that use.
+        let dropped = state.planner.dropped();
+        let kept =
+            if state.planner.option_of(block.context) == dropped { 0 } else { state.planner.blocks_of(block.context) };
+        let blocks = kept + added;
+        if put && block.new_key {
+            state.keys.entry(block.context).or_default().push(block.key);
         }
-        // Every block of a batch is an access; the planner counts those within a second of a
-        // use's first as that use.
-        let blocks = state.planner.blocks_of(block.context) + added;
         let quality = self.quality_of(state, block);
         state.planner.touch(&ContextUse {
             context: block.context,
@@ -292,10 +305,31 @@ impl Planned {
         if put {
             self.observe(state, block);
             if state.planner.over_budget() {
-                state.planner.rebalance();
+                let changes = state.planner.rebalance();
+                state.doom(&changes);
             }
         }
         state.cpu += started.elapsed();
+    }
+}
+
+impl State {
+    /// Hands the keys of every context `changes` left dropped to the store (`take_drops`).
+    fn doom(&mut self, changes: &[Change]) {
+        let dropped = self.planner.dropped();
+        for change in changes.iter().filter(|c| c.option == dropped) {
+            self.doom_context(change.context);
+        }
+    }
+
+    /// Hands `context`'s keys to the store if the planner has it dropped.
+    fn doom_context(&mut self, context: u64) {
+        if self.planner.option_of(context) != self.planner.dropped() {
+            return;
+        }
+        if let Some(keys) = self.keys.remove(&context) {
+            self.doomed.extend(keys);
+        }
     }
 }
 
@@ -324,6 +358,7 @@ impl Planned {
         if state.planner.contexts() > MAX_CONTEXTS {
             for context in state.planner.forget_dropped() {
                 state.profiles.remove(&context);
+                state.keys.remove(&context);
             }
         }
         for (k, o) in state.observed.iter_mut().enumerate() {
@@ -388,13 +423,18 @@ impl Placement for Planned {
         let started = Instant::now();
         let mut state = self.lock();
         if state.planner.over_budget() {
-            state.planner.rebalance_memory();
+            let changes = state.planner.rebalance_memory();
+            state.doom(&changes);
         }
         state.cpu += started.elapsed();
     }
 
     fn holds(&self, context: u64) -> Option<bool> {
         self.lock().planner.in_dram(context)
+    }
+
+    fn take_drops(&self) -> Vec<KeyId> {
+        std::mem::take(&mut self.lock().doomed)
     }
 
     fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
@@ -474,21 +514,20 @@ impl Placement for Planned {
     fn keep(&self, block: &LiveBlock<'_>) -> Keep {
         self.maintain();
         let started = Instant::now();
-        let mut state = self.lock();
+        let mut guard = self.lock();
+        let state = &mut *guard;
         if state.planner.over_budget() {
-            state.planner.rebalance();
+            let changes = state.planner.rebalance();
+            state.doom(&changes);
         }
         let known = state.planner.qualities(block.context).is_some();
         // A context the greedy would drop soon is dropped now rather than copied.
-        if known {
-            state.planner.drop_for_cleaning(block.context, CLEANING_DROP_MARGIN);
+        if known && state.planner.drop_for_cleaning(block.context, CLEANING_DROP_MARGIN) {
+            state.doom_context(block.context);
         }
         let option = state.planner.option_of(block.context);
-        if known && option == state.planner.dropped() {
-            state.planner.block_gone(block.context);
-        }
         state.cpu += started.elapsed();
-        drop(state);
+        drop(guard);
         if !known {
             return self.lru.keep(block);
         }
@@ -544,6 +583,7 @@ mod tests {
             record_bytes: 4096,
             group: Some(context),
             context,
+            key: KeyId::new("n", &context.to_string()),
             new_key: true,
             policy: &LOSSY,
             codec: None,
@@ -589,40 +629,40 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_context_read_again_counts_the_blocks_cleaning_left() {
+    fn a_dropped_context_hands_the_keys_of_its_blocks_to_the_store_once() {
         // Room for one context of 8 blocks quantized.
         let (p, now) = planned(400);
-        for _ in 0..8 {
-            p.on_put(&info(1));
+        let key = |c: u64, i: u64| KeyId::new("n", &format!("{c}-{i}"));
+        for i in 0..8 {
+            p.on_put(&BlockInfo { key: key(1, i), ..info(1) });
         }
-        let form = p.option_of(1);
-        assert_eq!(form, 1, "quantized to fit");
-        // A newer, hotter context of 8 blocks takes the room: context 1 is dropped.
+        assert_eq!(p.option_of(1), 1, "quantized to fit");
+        assert!(p.take_drops().is_empty(), "nothing dropped yet");
+        // A newer, hotter context of 8 blocks takes the room: context 1 is dropped, and every
+        // key it put goes to the store, once.
         for t in 1..=3 {
             now.store(1_000 + t * 1_000, Ordering::Relaxed);
-            for _ in 0..8 {
-                p.on_put(&BlockInfo { new_key: t == 1, ..info(2) });
+            for i in 0..8 {
+                p.on_put(&BlockInfo { key: key(2, i), new_key: t == 1, ..info(2) });
             }
         }
         assert_eq!(p.option_of(1), 2, "dropped");
-        // Cleaning reaches three of its blocks and drops them.
-        for _ in 0..3 {
-            assert_eq!(p.keep(&live(1, 0)), Keep::Drop);
-        }
-        // A read finds one of the five left: the context is kept as it was, with those five,
-        // and their bytes count (the next put or cleaning brings the log back within budget).
+        let mut dropped = p.take_drops();
+        dropped.sort();
+        let mut want: Vec<KeyId> = (0..8).map(|i| key(1, i)).collect();
+        want.sort();
+        assert_eq!(dropped, want);
+        assert!(p.take_drops().is_empty(), "handed over once");
+        assert_eq!(p.option_of(2), 1, "the hot context is kept");
+        // Used again, it starts from what is put now: one block, under one key.
         now.store(10_000, Ordering::Relaxed);
-        let before = p.report().planned_bytes;
-        p.on_hit(&info(1));
-        assert_eq!(p.option_of(1), form);
-        assert_eq!(p.lock().planner.blocks_of(1), 5);
-        assert_eq!(p.report().planned_bytes, before + 5 * 50);
-        // A put of a block it lost is counted with them, in their form.
-        assert_eq!(p.codec_at_put(&info(1)), p.codecs[form]);
-        p.on_put(&info(1));
+        p.on_put(&BlockInfo { key: key(1, 0), ..info(1) });
+        let again = p.take_drops();
         let state = p.lock();
-        assert!(state.planner.stored_bytes() <= 400, "the put rebalanced");
-        assert!(state.planner.option_of(1) == state.planner.dropped() || state.planner.blocks_of(1) == 6);
+        match state.planner.option_of(1) == state.planner.dropped() {
+            true => assert_eq!(again, [key(1, 0)], "dropped again, with its one key"),
+            false => assert_eq!((state.planner.blocks_of(1), again.len()), (1, 0)),
+        }
     }
 
     #[test]

@@ -136,9 +136,6 @@ struct Context {
     /// Its α (its namespace's, else the configuration's).
     alpha: f64,
     option: usize,
-    /// The last option it was kept with: for a dropped context, the form of its blocks still
-    /// on the log ([`Planner::restore`]).
-    kept_as: usize,
     /// Whether the DRAM tier holds it.
     dram: bool,
     version: u64,
@@ -483,12 +480,8 @@ impl Planner {
     /// by `new`), and pushes its next steps.
     fn account(&mut self, context: u64, new: impl FnOnce() -> Context, change: impl FnOnce(&mut Context)) {
         let before = self.contexts.get(&context).map_or([0.0; 2], |c| self.counted(c));
-        let dropped = self.dropped();
         let c = self.contexts.entry(context).or_insert_with(new);
         change(c);
-        if c.option != dropped {
-            c.kept_as = c.option;
-        }
         c.version += 1;
         let after = self.contexts.get(&context).map_or([0.0; 2], |c| self.counted(c));
         for (total, (a, b)) in self.bytes.iter_mut().zip(after.iter().zip(before)) {
@@ -521,7 +514,6 @@ impl Planner {
             quality: Vec::new(),
             alpha,
             option: 0,
-            kept_as: 0,
             dram: false,
             version: 0,
         });
@@ -605,9 +597,6 @@ impl Planner {
         if let Some(c) = self.contexts.get(&context).filter(|c| c.option != dropped) {
             return c.option;
         }
-        if let Some(option) = self.contexts.get(&context).and_then(|c| self.restorable(c)) {
-            return option;
-        }
         let alpha = alpha.unwrap_or(self.config.alpha);
         // As `touch` would count this use (a dropped context keeps its uses).
         let (uses, last_ms, use_ms) =
@@ -622,7 +611,6 @@ impl Planner {
             quality: quality.to_vec(),
             alpha,
             option: 0,
-            kept_as: 0,
             dram: false,
             version: 0,
         };
@@ -634,43 +622,6 @@ impl Planner {
     /// Blocks `context` holds, as last told (0 for one never seen).
     pub fn blocks_of(&self, context: u64) -> u64 {
         self.contexts.get(&context).map_or(0, |c| c.blocks)
-    }
-
-    /// A dropped context is used again while some of its blocks are still on the log (cleaning
-    /// has not reached them yet): it is kept again as it was before its drop, counting the blocks
-    /// still there ([`Planner::block_gone`] counts the others out), so that the bytes those reads
-    /// keep alive are counted and their form is the one the planner scores. Returns whether it
-    /// was restored: not for a context kept, with no block left, or whose old form is closed to
-    /// it now (a namespace that stopped allowing the codec). Its use is then recorded by
-    /// [`Planner::touch`], as for any kept context.
-    pub fn restore(&mut self, context: u64) -> bool {
-        let Some(option) = self.contexts.get(&context).and_then(|c| self.restorable(c)) else { return false };
-        self.account(
-            context,
-            || unreachable_context(context),
-            |c| {
-                c.option = option;
-                c.dram = false;
-            },
-        );
-        true
-    }
-
-    /// The option a dropped context `c` would be restored to ([`Planner::restore`]).
-    fn restorable(&self, c: &Context) -> Option<usize> {
-        let open = self.utility_of(c, Choice { option: c.kept_as, dram: false }).is_finite();
-        (c.option == self.dropped() && c.blocks > 0 && c.kept_as != c.option && open).then_some(c.kept_as)
-    }
-
-    /// Cleaning removed one of dropped `context`'s blocks from the log: one fewer for
-    /// [`Planner::restore`] to count. Nothing for a kept context (its blocks are counted as
-    /// kept) or one never seen.
-    pub fn block_gone(&mut self, context: u64) {
-        let dropped = self.dropped();
-        if let Some(c) = self.contexts.get_mut(&context).filter(|c| c.option == dropped) {
-            // A dropped context counts no bytes and has no step: its count changes nothing else.
-            c.blocks = c.blocks.saturating_sub(1);
-        }
     }
 
     /// Cleaning is about to copy a block of `context`: when dropping the whole context loses
@@ -970,7 +921,6 @@ fn unreachable_context(_: u64) -> Context {
         quality: Vec::new(),
         alpha: 0.0,
         option: 0,
-        kept_as: 0,
         dram: false,
         version: 0,
     }
@@ -1292,56 +1242,6 @@ mod tests {
         assert!(!p.drop_for_cleaning(oldest, 1e9) && !p.drop_for_cleaning(99, 1e9));
     }
 
-    #[test]
-    fn a_dropped_context_used_again_before_cleaning_took_its_blocks_is_kept_as_it_was() {
-        // Recomputing is slow: the greedy quantizes before it drops.
-        let mut options = options();
-        options[3].delay_s = 0.1;
-        let mut p = Planner::new(PlannerConfig {
-            alpha: 0.5,
-            half_life_ms: 600_000,
-            budget_bytes: 400,
-            options,
-            dram: DramChoice::default(),
-        });
-        let q = [1.0, 0.98, 0.97, 1.0];
-        p.touch(&at(1, 0, 8, &q));
-        p.rebalance();
-        assert_eq!(p.option_of(1), 1, "quantized to fit");
-        p.config.budget_bytes = 0;
-        p.rebalance();
-        assert_eq!((p.option_of(1), p.stored_bytes()), (p.dropped(), 0));
-        // Cleaning took three of its eight blocks; a read finds one of the five left.
-        for _ in 0..3 {
-            p.block_gone(1);
-        }
-        assert_eq!(p.option_for_put(&at(1, 60_000, 5, &q)), 1, "a put would take the form of the blocks left");
-        assert!(p.restore(1));
-        assert_eq!((p.option_of(1), p.blocks_of(1)), (1, 5), "its form before the drop, the blocks left");
-        assert_eq!(p.stored_bytes(), 5 * 100 / 2, "their bytes count");
-        assert!(!p.restore(1), "a kept context is not restored");
-        // Dropped again, with every block gone: nothing to restore, and a put starts it anew.
-        p.rebalance();
-        assert_eq!(p.option_of(1), p.dropped());
-        for _ in 0..5 {
-            p.block_gone(1);
-        }
-        assert!(!p.restore(1) && !p.restore(99));
-        p.block_gone(1);
-        assert_eq!(p.blocks_of(1), 0, "no count below none");
-        // A form closed to the context since (its namespace stopped allowing the codec) is not
-        // taken again.
-        p.config.budget_bytes = u64::MAX;
-        p.touch(&at(2, 0, 4, &q));
-        let kept = p.option_of(2);
-        p.config.budget_bytes = 0;
-        p.rebalance();
-        let mut closed = q;
-        closed[kept] = f64::NEG_INFINITY;
-        p.set_quality(2, &closed);
-        assert!(!p.restore(2));
-    }
-
     /// A planner whose options may also be held in memory, where loads take a tenth of the
     /// log's delay.
     fn tiered(budget: u64, dram_budget: u64) -> Planner {
@@ -1404,7 +1304,7 @@ mod tests {
             for step in 0..200u64 {
                 let id = rng.below(12);
                 let quality = [1.0, 0.95 + f64::from(rng.uniform()) * 0.04, 0.7 + f64::from(rng.uniform()) * 0.2, 1.0];
-                match rng.below(14) {
+                match rng.below(12) {
                     0 => p.touch(&at(id, step * 500, p.blocks_of(id) + 1 + rng.below(4), &quality)),
                     1 => p.forget(id),
                     2 => p.set_ratio(1 + rng.below(2) as usize, 0.2 + f64::from(rng.uniform()) * 0.5),
@@ -1414,13 +1314,6 @@ mod tests {
                         assert!(!dropped || p.option_of(id) == p.dropped(), "case {case}: dropped but kept");
                     }
                     5 => p.set_half_life(1_000 + rng.below(600_000), step * 500),
-                    6 => p.block_gone(id),
-                    7 => {
-                        let was = p.contexts.get(&id).map(|c| c.kept_as);
-                        if p.restore(id) {
-                            assert_eq!(Some(p.option_of(id)), was, "case {case}: restored to another form");
-                        }
-                    }
                     _ => p.touch(&at(id, step * 500, 1 + rng.below(10), &quality)),
                 }
                 let before: HashMap<u64, (usize, bool)> =

@@ -105,6 +105,9 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     };
     let _mark = CleaningMark(parts);
     let plan = plan(parts, victim, seq)?;
+    // Contexts placement dropped while it was asked about this segment's blocks go now, here
+    // and wherever else their blocks are.
+    super::drops::apply(parts);
     let mut cleaned = Cleaned { segment: victim, ..Cleaned::default() };
     let mut last_end = Pos::default();
     for r in plan {

@@ -9,6 +9,7 @@
 pub(crate) mod clean;
 pub mod cleaner;
 pub(crate) mod control;
+pub(crate) mod drops;
 pub(crate) mod pins;
 
 use std::sync::atomic::Ordering;

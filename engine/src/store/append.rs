@@ -19,7 +19,7 @@ use super::Store;
 use crate::buffer::{BufferPool, PooledBuf};
 use crate::codec::stored_codec;
 use crate::error::{Result, StoreError};
-use crate::index::{header_fp, key_fp, ContentEntry, ContentFp, KeyFp};
+use crate::index::{header_fp, key_fp, ContentEntry, ContentFp, KeyFp, KeyId};
 use crate::log::{Loc, LogState, Pos};
 use crate::parts::Parts;
 use crate::placement::{context_of, BlockInfo};
@@ -347,6 +347,7 @@ impl Parts {
             record_bytes: buf.len() as u64,
             group: header.group_id,
             context: context_of(header.group_id, &header.namespace, &header.key),
+            key: KeyId::new(&header.namespace, &header.key),
             new_key,
             policy: &policy,
             codec: stored_codec(&header.desc, header.raw_len, &header.compression),

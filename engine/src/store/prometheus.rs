@@ -111,6 +111,11 @@ impl Stats {
             ("evicted_bytes_total", "Bytes dropped by segment reclaim.", self.evicted_bytes),
             ("segments_reclaimed_total", "Segments reclaimed.", self.segments_reclaimed),
             (
+                "planner_dropped_keys_total",
+                "Keys of contexts the placement planner dropped, removed at once.",
+                self.planner_dropped_keys,
+            ),
+            (
                 "pins_overridden_total",
                 "Segments reclaimed although they held a pinned key (every sealed segment did).",
                 self.pins_overridden,

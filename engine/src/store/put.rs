@@ -9,7 +9,7 @@ use super::append::{Coding, Prepared, PARALLEL_MIN_BYTES, SOURCE_CHANGED};
 use super::Store;
 use crate::block::BlockMeta;
 use crate::error::{Result, StoreError};
-use crate::index::{header_fp, key_fp};
+use crate::index::{header_fp, key_fp, KeyId};
 use crate::log::Pos;
 use crate::options::{Durability, PutOptions};
 use crate::placement::group_ttl::Access;
@@ -53,6 +53,7 @@ impl Store {
                         record_bytes: header.record_bytes(),
                         group: opts.group,
                         context: context_of(opts.group, namespace, &header.key),
+                        key: KeyId::new(namespace, &header.key),
                         new_key: true,
                         policy: &policy,
                         codec: None,

@@ -123,6 +123,9 @@ pub struct Stats {
     pub pinned_keys: u64,
     /// Segments reclaimed although they held a pinned key, because every sealed segment did.
     pub pins_overridden: u64,
+    /// Keys of contexts placement's planner dropped (its greedy, or cleaning's drops), removed
+    /// from the index at once; the rest of what a plan drops is counted by cleaning.
+    pub planner_dropped_keys: u64,
     pub checkpoints: u64,
     /// Checkpoints that could not be written (the next open replays more of the log).
     pub checkpoint_errors: u64,
@@ -248,6 +251,7 @@ impl Store {
             segments_reclaimed: get(&m.segments_reclaimed),
             pinned_keys: parts.pins.count(parts.clock.now_unix_ms()),
             pins_overridden: get(&m.pins_overridden),
+            planner_dropped_keys: get(&m.planner_dropped_keys),
             checkpoints: parts.checkpoints.written(),
             checkpoint_errors: parts.checkpoints.failed(),
             syncs: parts.log.syncs(),

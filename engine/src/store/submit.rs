@@ -33,6 +33,8 @@ impl Store {
     pub(super) fn submit(&self, jobs: Vec<WriteJob>, durability: Durability) -> Result<()> {
         let end = jobs.iter().map(WriteJob::end).max();
         self.parts.hand_over(jobs)?;
+        // What placement dropped while these were reserved, while the device writes them.
+        crate::reclaim::drops::apply(&self.parts);
         match (durability, end) {
             (Durability::Buffered, _) | (_, None) => Ok(()),
             (_, Some(end)) => self.parts.log.wait_written(end),

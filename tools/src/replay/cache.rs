@@ -30,7 +30,7 @@ pub struct CacheStats {
     /// Byte-seconds blocks were kept and not yet expired (what a TTL budget counts); the
     /// simulator only.
     pub byte_seconds: f64,
-    /// Seconds the placement planner spent deciding (the simulator with `planner`).
+    /// Seconds the placement planner spent deciding (with `planner`).
     pub planner_cpu_s: f64,
     /// Blocks the planner had written again with another codec.
     pub recompressed: u64,

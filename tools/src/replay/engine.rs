@@ -249,14 +249,14 @@ impl Cache for EngineCache {
             put_bytes: self.put_bytes,
             bytes_written: (s.put_bytes + s.relocated_bytes) * self.scale,
             relocated_bytes: s.relocated_bytes * self.scale,
-            evictions: s.evicted_keys,
+            evictions: s.evicted_keys + s.planner_dropped_keys,
             stored_bytes: s.live_bytes * self.scale,
             // The engine does not account how long blocks lived.
             byte_seconds: 0.0,
             planner_cpu_s: s.placement.cpu_s,
             recompressed: s.recompressed_records,
-            // Drops by a decision and by age are one count in the engine (evictions).
-            planner_drops: 0,
+            // Drops by cleaning's decisions are among the evictions, not counted apart.
+            planner_drops: s.planner_dropped_keys,
         }
     }
 }

@@ -61,7 +61,7 @@ pub struct ReplayArgs {
     /// Policies, comma separated: lru (cleaning keeps what was read), fifo (the oldest segment
     /// reclaimed whole), either with a codec for every block (lru:SPEC, fifo:SPEC, e.g.
     /// lru:quant:bits=8); fixed:SPEC is lru:SPEC; planner or planner:alpha=SECS (the placement
-    /// planner chooses each context's codec or drops it; simulator only).
+    /// planner chooses each context's codec or drops it, in the simulator and in the engine).
     #[arg(long, default_value = "lru", value_name = "LIST")]
     pub policy: String,
     /// Divide every block's size by this on the real engine (layers × 512 must be a multiple);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kvhoard_engine::placement::planner::{ContextUse, Planner, PlannerConfig, CLEANING_DROP_MARGIN};
 use kvhoard_engine::placement::{BlockInfo, Keep, LiveBlock, Placement, SegmentView};
 use kvhoard_engine::tier::DramTier;
-use kvhoard_engine::Loc;
+use kvhoard_engine::{KeyId, Loc};
 
 use super::cache::{Cache, CacheStats, Lookup};
 use super::model::{sensitivity, CodecFacts};
@@ -159,6 +159,11 @@ impl SimCache {
         until.saturating_sub(e.written_ms)
     }
 
+    /// The key a block of the trace is stored under, as placement sees it.
+    fn key(id: u64) -> KeyId {
+        KeyId::new("replay", &id.to_string())
+    }
+
     fn fp(id: u64) -> [u8; 16] {
         let mut fp = [0u8; 16];
         fp[..8].copy_from_slice(&id.to_le_bytes());
@@ -218,14 +223,15 @@ impl SimCache {
                     reads: e.reads,
                     age_ms: now_ms.saturating_sub(e.written_ms),
                 }) != Keep::Drop;
-            // A dropped context's blocks go as cleaning reaches them, as in the engine: until
-            // then they are read, and a use restores the context (`plan_put`).
-            let planned_drop = keep && (self.planned_dropped(e.group) || self.dropped_by_cleaning(e.group));
-            if let (true, Some(p)) = (planned_drop, self.planner.as_mut()) {
-                p.dropped += 1;
-                p.planner.block_gone(e.group);
+            if keep && self.dropped_by_cleaning(e.group) {
+                // The whole context goes, as with a drop in `rebalance`: this block and its others.
+                let ids = self.planner.as_mut().and_then(|p| p.blocks.remove(&e.group)).unwrap_or_default();
+                let n = self.drop_blocks(e.group, ids.into_iter().chain([id]), now_ms);
+                if let Some(p) = self.planner.as_mut() {
+                    p.dropped += n;
+                }
+                continue;
             }
-            let keep = keep && !planned_drop;
             self.index.remove(&id);
             self.dram.remove(&Self::fp(id));
             self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
@@ -252,15 +258,25 @@ impl SimCache {
         u8::try_from(option).unwrap_or(e.codec)
     }
 
-    /// Whether the planner has dropped `context` (its blocks go as cleaning reaches them).
-    fn planned_dropped(&self, context: u64) -> bool {
-        self.planner.as_ref().is_some_and(|p| p.planner.option_of(context) == p.planner.dropped())
-    }
-
     /// Whether the planner drops `context` rather than have cleaning copy one of its blocks (a
     /// context the greedy would drop soon, as the engine's planned cleaning asks).
     fn dropped_by_cleaning(&mut self, context: u64) -> bool {
         self.planner.as_mut().is_some_and(|p| p.planner.drop_for_cleaning(context, CLEANING_DROP_MARGIN))
+    }
+
+    /// Removes the blocks `ids` still stored for `context` (evictions); returns how many, the
+    /// planner's drops.
+    fn drop_blocks(&mut self, context: u64, ids: impl Iterator<Item = u64>, now_ms: u64) -> u64 {
+        let mut dropped = 0;
+        for id in ids {
+            let Some(e) = self.index.get(&id).copied().filter(|e| e.group == context) else { continue };
+            self.index.remove(&id);
+            self.dram.remove(&Self::fp(id));
+            self.removed_byte_ms += e.record as f64 * Self::kept_ms(&e, now_ms) as f64;
+            self.stats.evictions += 1;
+            dropped += 1;
+        }
+        dropped
     }
 
     fn reclaim(&mut self, now_ms: u64) {
@@ -407,11 +423,6 @@ impl SimCache {
             ids.retain(|id| index.get(id).is_some_and(|e| e.group == context));
             ids.len()
         });
-        // A dropped context some of whose blocks cleaning has not reached is kept again as it
-        // was, as the engine's read of one of them does.
-        if kept > 0 && p.planner.option_of(context) == p.planner.dropped() {
-            p.planner.restore(context);
-        }
         let level = sensitivity(context);
         let quality = p.estimates.get(level).cloned().unwrap_or_default();
         p.planner.touch(&ContextUse {
@@ -426,25 +437,34 @@ impl SimCache {
         self.planner = Some(p);
     }
 
-    /// Applies the planner's decisions until the kept bytes fit its budget: a context out of
-    /// memory leaves the DRAM tier now. A block whose context is to be kept in another form is
-    /// recoded when cleaning copies it, as the engine's cleaner does (`recode_for`), and one whose
-    /// context is dropped goes when cleaning reaches it (`empty`): never rewritten or removed for
-    /// the plan alone, so until then it is read, and takes its bytes, as it is.
-    fn rebalance(&mut self) {
+    /// Applies the planner's decisions until the kept bytes fit its budget.
+    fn rebalance(&mut self, now_ms: u64) {
         let Some(mut p) = self.planner.take() else { return };
         let started = Instant::now();
         let changes = p.planner.rebalance();
         p.cpu += started.elapsed();
-        let mut last: HashMap<u64, bool> = HashMap::new();
+        let dropped = u8::try_from(self.codecs.len()).unwrap_or(u8::MAX);
+        let mut last: HashMap<u64, (usize, bool)> = HashMap::new();
         for c in changes {
-            last.insert(c.context, c.dram);
+            last.insert(c.context, (c.option, c.dram));
         }
-        for (context, held) in last {
+        let mut contexts: Vec<(u64, (usize, bool))> = last.into_iter().collect();
+        contexts.sort_unstable_by_key(|(context, _)| *context);
+        for (context, (option, held)) in contexts {
+            let option = u8::try_from(option).unwrap_or(dropped);
+            let ids = p.blocks.get(&context).cloned().unwrap_or_default();
             if !held {
-                for id in p.blocks.get(&context).into_iter().flatten() {
+                // Out of memory: its copies leave the DRAM tier.
+                for id in &ids {
                     self.dram.remove(&Self::fp(*id));
                 }
+            }
+            // A block whose context is to be kept in another form is recoded when cleaning
+            // copies it, as the engine's cleaner does (`recode_for`), never rewritten for the
+            // plan alone: until then it is read, and takes its bytes, as it is.
+            if option >= dropped {
+                p.blocks.remove(&context);
+                p.dropped += self.drop_blocks(context, ids.into_iter(), now_ms);
             }
         }
         self.planner = Some(p);
@@ -472,6 +492,7 @@ impl Cache for SimCache {
                 record_bytes: e.record,
                 group: Some(e.group),
                 context: e.group,
+                key: Self::key(id),
                 new_key: false,
                 policy: &REPLAY_POLICY,
                 codec: self.facts(e.codec).spec,
@@ -527,6 +548,7 @@ impl Cache for SimCache {
                 record_bytes: self.record_bytes(codec),
                 group: Some(group),
                 context: group,
+                key: Self::key(id),
                 new_key: true,
                 policy: &REPLAY_POLICY,
                 codec: self.facts(codec).spec,
@@ -536,7 +558,7 @@ impl Cache for SimCache {
                 self.dram.insert(Self::fp(id), Loc { segment: e.segment, unit: e.unit }, e.record - UNIT, ());
             }
         }
-        self.rebalance();
+        self.rebalance(now_ms);
         Ok(())
     }
 
