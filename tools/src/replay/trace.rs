@@ -4,6 +4,8 @@
 //! its leading ids, and an id always stands for the same content). Other fields are ignored;
 //! a line that is not such an object is refused with its number.
 
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::{bail, Context};
@@ -29,8 +31,9 @@ pub struct Request {
 pub struct Trace {
     /// Requests in arrival order.
     pub requests: Vec<Request>,
-    /// Leading blocks every request shares (a system prompt in front of everything).
-    shared_prefix: usize,
+    /// Blocks followed by more than one distinct block across the trace's prompts: where
+    /// requests part ways (after a system prompt, a document, the start of a conversation).
+    branches: HashSet<u64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -95,11 +98,27 @@ impl Trace {
 
     /// A trace of `requests`.
     pub fn new(requests: Vec<Request>) -> Trace {
-        let mut shared = requests.first().map_or(0, |r| r.blocks.len());
-        for r in &requests {
-            shared = shared.min(r.blocks.iter().zip(&requests[0].blocks).take_while(|(a, b)| a == b).count());
+        let mut next: HashMap<u64, u64> = HashMap::new();
+        let mut branches = HashSet::new();
+        for pair in requests.iter().flat_map(|r| r.blocks.windows(2)) {
+            let [block, after] = pair else { continue };
+            match next.entry(*block) {
+                Entry::Vacant(e) => {
+                    e.insert(*after);
+                }
+                Entry::Occupied(e) if e.get() != after => {
+                    branches.insert(*block);
+                }
+                Entry::Occupied(_) => {}
+            }
         }
-        Trace { requests, shared_prefix: shared }
+        Trace { requests, branches }
+    }
+
+    /// How many of `r`'s leading blocks it shares with requests that part ways from it: up to
+    /// and including the first block where the trace's prompts branch (0 when none does).
+    fn split(&self, r: &Request) -> usize {
+        r.blocks.iter().position(|b| self.branches.contains(b)).map_or(0, |i| i + 1)
     }
 
     /// The first `n` requests.
@@ -107,18 +126,20 @@ impl Trace {
         Trace::new(self.requests.iter().take(n).cloned().collect())
     }
 
-    /// The context `r` belongs to: the prefix subtree below what every request shares, named by
-    /// its first block (the request's first block when nothing is shared by all; its last when
-    /// it holds nothing of its own).
+    /// The context `r` belongs to: the prefix subtree below the first point where the trace's
+    /// requests part ways on its path (below a system prompt, a conversation; a document's
+    /// questions below the document), named by its first block; the request's first block when
+    /// its path never branches, its last when it holds nothing below the branch.
     pub fn context(&self, r: &Request) -> u64 {
-        r.blocks.get(self.shared_prefix).or(r.blocks.last()).copied().unwrap_or(0)
+        r.blocks.get(self.split(r)).or(r.blocks.last()).copied().unwrap_or(0)
     }
 
     /// `r`'s blocks as runs of one context each, in order, as (context, block indices): the
-    /// prefix every request shares (a system prompt) is a context of its own, named by its last
-    /// block, since every request reads it; the rest is the request's [`Trace::context`].
+    /// prefix it shares with requests that part ways from it (a system prompt, a document) is a
+    /// context of its own, named by its last block, since each of those requests reads it; the
+    /// rest is the request's [`Trace::context`].
     pub fn contexts_of(&self, r: &Request) -> Vec<(u64, std::ops::Range<usize>)> {
-        let split = self.shared_prefix.min(r.blocks.len());
+        let split = self.split(r).min(r.blocks.len());
         let prefix = split.checked_sub(1).and_then(|last| r.blocks.get(last)).copied();
         let shared = prefix.map(|p| (p, 0..split));
         let own = Some((self.context(r), split..r.blocks.len())).filter(|(_, run)| !run.is_empty());
@@ -199,5 +220,19 @@ mod tests {
         assert_eq!(t.contexts_of(&t.requests[0]), vec![(3, 0..2)]);
         assert_eq!(t.contexts_of(&t.requests[1]), vec![(7, 0..1)]);
         assert_eq!(block_tokens(0, 2, 600), 512);
+        // Two system prompts, a conversation below each that goes on for two turns: each
+        // conversation is a context below its prompt, the prompts contexts of their own.
+        let t = Trace::parse(
+            "{\"timestamp\": 0, \"input_length\": 1500, \"output_length\": 5, \"hash_ids\": [10, 11, 20]}\n\
+             {\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 5, \"hash_ids\": [30, 31]}\n\
+             {\"timestamp\": 2, \"input_length\": 1500, \"output_length\": 5, \"hash_ids\": [10, 11, 40]}\n\
+             {\"timestamp\": 3, \"input_length\": 2000, \"output_length\": 5, \"hash_ids\": [10, 11, 20, 21]}\n",
+        )
+        .expect("parses");
+        let runs: Vec<_> = t.requests.iter().map(|r| t.contexts_of(r)).collect();
+        assert_eq!(runs[0], vec![(11, 0..2), (20, 2..3)]);
+        assert_eq!(runs[1], vec![(30, 0..2)], "a prompt no other request shares: one context");
+        assert_eq!(runs[2], vec![(11, 0..2), (40, 2..3)]);
+        assert_eq!(runs[3], vec![(11, 0..2), (20, 2..4)], "the next turn of the first conversation");
     }
 }
