@@ -3,7 +3,7 @@
 //! Locks, always taken in this order: the log lock ([`Log::lock`]: segment states, the open
 //! segment, reservations), then the index lock (read-mostly; gets take only its read lock), then
 //! the leaf locks (the log's pending records, the pins, the checkpoints' bookkeeping, the DRAM
-//! tier's shards). Device I/O for records runs outside all of them.
+//! tier's shards, placement's own state). Device I/O for records runs outside all of them.
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};

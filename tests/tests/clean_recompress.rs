@@ -334,28 +334,39 @@ fn cleaning_moves_a_pinned_block_as_it_is_whatever_placement_says() {
     let opts = StoreOptions { placement: Arc::new(DropEven), ..StoreOptions::default() };
     let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
     store.set_policy("lossy", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
-    // 40 blocks of 32 KiB: the first segment is sealed full of them, the next one open.
+    // 40 blocks of 64 KiB: the first segment is sealed full of them, the next one open.
     let bytes = |i: u64| Synth::for_desc(shape(), i + 1).generate();
-    for i in 0..40u64 {
+    let put = |key: &str, i: u64| {
         let opts = PutOptions { desc: Some(shape().desc()), group: Some(i), ..PutOptions::default() };
-        store.put("lossy", &format!("k{i}"), &bytes(i), &opts).unwrap();
+        store.put("lossy", key, &bytes(i), &opts).unwrap();
+    };
+    for i in 0..40u64 {
+        put(&format!("k{i}"), i);
     }
-    // Pins on every other key, so that every sealed segment holds one: cleaning must take a
-    // segment with pinned blocks in it.
-    for i in (1..40u64).step_by(4) {
+    // A key that links to k4's block (same bytes) and no other: its own record is elsewhere.
+    put("link", 4);
+    // Pins on k1, k2, k5, k6, ... (half to be quantized, half to be dropped) and on the link, so
+    // that every sealed segment holds one: cleaning must take a segment with pinned blocks.
+    let pinned: Vec<u64> = (0..40u64).filter(|i| i % 4 == 1 || i % 4 == 2).collect();
+    for i in &pinned {
         assert!(store.pin("lossy", &format!("k{i}")).unwrap());
     }
+    assert!(store.pin("lossy", "link").unwrap());
     assert!(store.clean_now().unwrap().is_some(), "a sealed segment was cleaned");
     assert!(store.stats().pins_overridden > 0, "the cleaned segment held pins");
-    let get = |i: u64| store.get("lossy", &format!("k{i}"), ReadOptions { verify_hash: true }).unwrap();
-    // Placement's word held for the blocks without a pin in that segment...
-    let dropped = (0..40u64).step_by(2).filter(|&i| get(i).is_none()).count();
-    let quantized = (3..40u64).step_by(4).filter(|&i| get(i).is_some_and(|b| b.meta.codec() != "raw")).count();
+    let get = |key: &str| store.get("lossy", key, ReadOptions { verify_hash: true }).unwrap();
+    // Placement's word held for the blocks no pinned key names...
+    let dropped = (0..40u64).filter(|i| i % 4 == 0 && *i != 4).filter(|i| get(&format!("k{i}")).is_none()).count();
+    let quantized = (0..40u64)
+        .filter(|i| i % 4 == 3)
+        .filter(|i| get(&format!("k{i}")).is_some_and(|b| b.meta.codec() != "raw"))
+        .count();
     assert!(dropped > 0 && quantized > 0, "dropped {dropped}, quantized {quantized}");
-    // ...and not for a pinned one: each is there, in the form it was put in.
-    for i in (1..40u64).step_by(4) {
-        let got = get(i).unwrap_or_else(|| panic!("pinned k{i} was dropped"));
-        assert_eq!(got.meta.codec(), "raw", "pinned k{i} was recoded");
-        assert_eq!(got[..], bytes(i)[..], "pinned k{i}");
+    // ...and not for a pinned one, nor for the block a pinned link names: each is there, in the
+    // form it was put in.
+    for (key, i) in pinned.iter().map(|i| (format!("k{i}"), *i)).chain([("link".to_string(), 4)]) {
+        let got = get(&key).unwrap_or_else(|| panic!("pinned {key} was dropped"));
+        assert_eq!(got.meta.codec(), "raw", "pinned {key} was recoded");
+        assert_eq!(got[..], bytes(i)[..], "pinned {key}");
     }
 }

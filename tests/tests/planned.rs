@@ -245,9 +245,10 @@ fn a_dropped_context_reads_as_misses_at_once_and_a_crash_leaves_a_sound_volume()
     let key = |group: u64, i: u64| format!("g{group}-{i}");
     let context = |group: u64| kvhoard_engine::placement::context_of(Some(group), "strict", &key(group, 0));
     let groups = 24u64;
-    for group in 0..groups {
-        now.fetch_add(1_000, Ordering::Relaxed);
-        let blocks: Vec<(String, Vec<u8>)> = (0..4).map(|i| (key(group, i), bytes_of(group, i))).collect();
+    // g1-3 is put again by group 2, with other bytes: that group's now; group 2 is read all
+    // along, so it stays. g0-0 is pinned.
+    let (moved, owner, moved_bytes) = ((1, 3), 2, bytes_of(2, 9));
+    let put = |group: u64, blocks: &[(String, Vec<u8>)]| {
         let items: Vec<(&str, &[u8])> = blocks.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
         let opts = PutOptions {
             durability: Durability::Written,
@@ -256,6 +257,20 @@ fn a_dropped_context_reads_as_misses_at_once_and_a_crash_leaves_a_sound_volume()
             ..PutOptions::default()
         };
         store.put_batch("strict", &items, &opts).unwrap();
+    };
+    for group in 0..groups {
+        now.fetch_add(1_000, Ordering::Relaxed);
+        let mut blocks: Vec<(String, Vec<u8>)> = (0..4).map(|i| (key(group, i), bytes_of(group, i))).collect();
+        if group == owner {
+            blocks.push((key(moved.0, moved.1), moved_bytes.clone()));
+        }
+        put(group, &blocks);
+        if group > owner {
+            store.get("strict", &key(owner, 0), ReadOptions::default()).unwrap().unwrap();
+        }
+        if group == 0 {
+            assert!(store.pin("strict", &key(0, 0)).unwrap());
+        }
     }
     let stats = store.stats();
     assert!(stats.planner_dropped_keys > 0, "nothing dropped: {stats:?}");
@@ -263,34 +278,46 @@ fn a_dropped_context_reads_as_misses_at_once_and_a_crash_leaves_a_sound_volume()
     let get = |store: &Store, group: u64, i: u64| {
         store.get("strict", &key(group, i), ReadOptions { verify_hash: true }).unwrap().map(|b| b.to_vec())
     };
-    // A dropped context's blocks are gone, all of them; a kept one's are all there.
+    // Each key's bytes and the group that put it last.
+    let last = |group: u64, i: u64| match (group, i) == moved {
+        true => (owner, moved_bytes.clone()),
+        false => (group, bytes_of(group, i)),
+    };
+    // Which contexts are dropped, before reads use any again.
     let dropped_option = 4;
-    let mut dropped = 0;
+    let was_dropped: Vec<bool> = (0..groups).map(|g| planner.option_of(context(g)) == dropped_option).collect();
+    let dropped = |group: u64| was_dropped[group as usize];
+    assert!(dropped(0) && dropped(moved.0), "the oldest contexts were dropped");
+    assert!(!dropped(groups - 1) && !dropped(owner), "the newest and the one read all along were kept");
+    // A dropped context's blocks are gone, all of them but a pinned one and one another context
+    // put again; a kept one's are all there.
+    let mut gone = 0;
     for group in 0..groups {
-        let gone = planner.option_of(context(group)) == dropped_option;
-        dropped += u64::from(gone);
         for i in 0..4 {
+            let (owner, want) = last(group, i);
+            let goes = dropped(owner) && (group, i) != (0, 0);
+            gone += u64::from(goes);
             match get(&store, group, i) {
-                Some(b) => assert!(!gone && b == bytes_of(group, i), "{}: dropped, or other bytes", key(group, i)),
-                None => assert!(gone, "{} of a kept context is missing", key(group, i)),
+                Some(b) => assert!(!goes && b == want, "{}: dropped, or other bytes", key(group, i)),
+                None => assert!(goes, "{} is missing", key(group, i)),
             }
         }
     }
-    assert_eq!(stats.planner_dropped_keys, dropped * 4);
-    assert!(stats.live_bytes < 4 * groups * bytes_of(0, 0).len() as u64, "their records are dead space");
+    assert_eq!(stats.planner_dropped_keys, gone);
+    assert_eq!(stats.keys, groups * 4 - gone, "their keys left the index");
     // A crash: the volume opens and passes fsck; a dropped key may come back (nothing was
-    // written for it), with its own bytes, and every kept one is there.
+    // written for it), with the bytes it was last put with, and every kept one is there.
     let image = Arc::new(dev.crash(kvhoard_engine::device::CrashMode::KeepAll));
     std::mem::forget(store);
     let report = kvhoard_engine::check::check_device(image.as_ref(), Default::default()).unwrap();
     assert_eq!(report.count(kvhoard_engine::check::Severity::Error), 0, "{:#?}", report.problems);
     let reopened = Store::open_on(image, opts).unwrap();
     for group in 0..groups {
-        let kept = planner.option_of(context(group)) != dropped_option;
         for i in 0..4 {
+            let (owner, want) = last(group, i);
             match get(&reopened, group, i) {
-                Some(b) => assert!(b == bytes_of(group, i), "{} came back as other bytes", key(group, i)),
-                None => assert!(!kept, "{} of a kept context was lost", key(group, i)),
+                Some(b) => assert!(b == want, "{} came back as other bytes", key(group, i)),
+                None => assert!(dropped(owner), "{} of a kept context was lost", key(group, i)),
             }
         }
     }

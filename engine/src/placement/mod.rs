@@ -206,11 +206,11 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     }
 
     /// Keys whose blocks placement dropped since it was last asked (a planner dropping a
-    /// context): the store removes them from its index and the DRAM tier, so they read as misses
-    /// and their records are dead space to cleaning. Not written to the log: after a crash, a key
-    /// dropped since the last checkpoint may be found again (its bytes, which are still right),
-    /// until cleaning or a later drop lets it go. Asked after puts and cleaning, never under the
-    /// log's lock.
+    /// context): the store removes them from its index and the DRAM tier (pinned ones excepted),
+    /// so they read as misses and their records are dead space to cleaning. Not written to the
+    /// log: after a crash, a key dropped since the last checkpoint may be found again (its bytes,
+    /// which are still right), until cleaning or a later drop lets it go. Asked after each put
+    /// and before each cleaning, never under the log's lock.
     fn take_drops(&self) -> Vec<KeyId> {
         Vec::new()
     }

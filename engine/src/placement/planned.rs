@@ -9,10 +9,12 @@
 //!   drops whole with a segment, when cleaning falls behind, stay counted until their context is
 //!   dropped.
 //! - **Drops.** A context the planner drops (its greedy, or cleaning's drop) is dropped at once:
-//!   the keys of its blocks put since the store opened are handed to the store
-//!   ([`Placement::take_drops`]), which removes them from its index and memory, so they read as
-//!   misses and their records are dead space that cleaning's choice of victims sees, as the
-//!   simulator assumes. Left on the log, they would look live to the cleaner until it reached
+//!   the keys it put since the store opened, and still owns (a key put again by another
+//!   context is that one's), are handed to the store ([`Placement::take_drops`]) after the put
+//!   or before the cleaning that dropped it (a drop at a read waits for the next of these, and
+//!   is called off if the context is used again meanwhile). The store removes them from its
+//!   index and memory, pinned keys excepted, so they read as misses and their records are dead
+//!   space that cleaning's choice of victims sees, as the simulator assumes. Left on the log, they would look live to the cleaner until it reached
 //!   them: on a trace whose contexts all come back, that kept the volume full and cleaning
 //!   copied a segment to free a sliver of one (docs/benchmarks.md). Keys the planner never saw
 //!   put (before a restart) are dropped as cleaning reaches them.
@@ -33,8 +35,8 @@
 //!   ratios; see [`super::load_model`].
 //!
 //! What the planner knows lives in memory (about 150 bytes per context: the context, its
-//! profile when one is set, and its place in the heap; and 16 bytes per block for its key), at
-//! most [`MAX_CONTEXTS`] of them: past
+//! profile when one is set, and its place in the heap; and about 60 bytes per block put, for
+//! its key's owner and its context's list of keys), at most [`MAX_CONTEXTS`] of them: past
 //! that, dropped contexts are forgotten. After a restart it knows no context until one is used
 //! again, and counts only the blocks it sees put or read; a cleaner meets blocks of contexts it
 //! does not know (or forgot) and keeps them as [`Lru`] does (those read since their write).
@@ -83,10 +85,15 @@ struct State {
     planner: Planner,
     /// Quality profiles clients set, per context.
     profiles: HashMap<u64, Vec<f64>>,
-    /// Per kept context: the keys of the blocks put by it since the store opened.
-    keys: HashMap<u64, Vec<KeyId>>,
-    /// Keys of dropped contexts, for the store to remove ([`Placement::take_drops`]).
-    doomed: Vec<KeyId>,
+    /// The context each key was last put by, since the store opened (a key put again by another
+    /// context is that one's; one reclaim dropped is no one's).
+    owner: HashMap<KeyId, u64>,
+    /// Per context: the keys it put (some may have moved to another context or gone since:
+    /// checked against `owner`).
+    members: HashMap<u64, Vec<KeyId>>,
+    /// Keys of contexts dropped, with their context, for the store to remove
+    /// ([`Placement::take_drops`]).
+    doomed: Vec<(u64, KeyId)>,
     /// Time spent deciding.
     cpu: Duration,
     /// Per option, since its ratio was last set: (record bytes, raw bytes, blocks) of the puts
@@ -175,7 +182,8 @@ impl Planned {
         let state = State {
             planner: Planner::new(config.planner),
             profiles: HashMap::new(),
-            keys: HashMap::new(),
+            owner: HashMap::new(),
+            members: HashMap::new(),
             doomed: Vec::new(),
             cpu: Duration::ZERO,
             observed: vec![(0, 0, 0); config.codecs.len()],
@@ -290,8 +298,8 @@ impl Planned {
         let kept =
             if state.planner.option_of(block.context) == dropped { 0 } else { state.planner.blocks_of(block.context) };
         let blocks = kept + added;
-        if put && block.new_key {
-            state.keys.entry(block.context).or_default().push(block.key);
+        if put {
+            state.own(block.key, block.context);
         }
         let quality = self.quality_of(state, block);
         state.planner.touch(&ContextUse {
@@ -327,9 +335,46 @@ impl State {
         if self.planner.option_of(context) != self.planner.dropped() {
             return;
         }
-        if let Some(keys) = self.keys.remove(&context) {
-            self.doomed.extend(keys);
+        for key in self.members.remove(&context).unwrap_or_default() {
+            if self.owner.get(&key) == Some(&context) {
+                self.doomed.push((context, key));
+            }
         }
+    }
+
+    /// `key` was put by `context`.
+    fn own(&mut self, key: KeyId, context: u64) {
+        if self.owner.insert(key, context) == Some(context) {
+            return;
+        }
+        let members = self.members.entry(context).or_default();
+        members.push(key);
+        // Keys that moved to other contexts or went: dropped from the list once they are as
+        // many as the context's blocks, so a list stays within twice what its context holds.
+        let blocks = self.planner.blocks_of(context);
+        if members.len() as u64 > 2 * blocks + 64 {
+            let owner = &self.owner;
+            members.retain(|k| owner.get(k) == Some(&context));
+        }
+    }
+
+    /// The keys doomed whose context is still dropped and still owns them (a context used
+    /// again since, or a key put again by another, keeps them); they leave `owner`.
+    fn take_doomed(&mut self) -> Vec<KeyId> {
+        let dropped = self.planner.dropped();
+        let mut keys = Vec::new();
+        for (context, key) in std::mem::take(&mut self.doomed) {
+            if self.owner.get(&key) != Some(&context) {
+                continue;
+            }
+            if self.planner.option_of(context) == dropped {
+                self.owner.remove(&key);
+                keys.push(key);
+            } else {
+                self.members.entry(context).or_default().push(key);
+            }
+        }
+        keys
     }
 }
 
@@ -358,7 +403,7 @@ impl Planned {
         if state.planner.contexts() > MAX_CONTEXTS {
             for context in state.planner.forget_dropped() {
                 state.profiles.remove(&context);
-                state.keys.remove(&context);
+                state.members.remove(&context);
             }
         }
         for (k, o) in state.observed.iter_mut().enumerate() {
@@ -434,7 +479,14 @@ impl Placement for Planned {
     }
 
     fn take_drops(&self) -> Vec<KeyId> {
-        std::mem::take(&mut self.lock().doomed)
+        self.lock().take_doomed()
+    }
+
+    fn dropped(&self, keys: &[KeyId]) {
+        let mut state = self.lock();
+        for key in keys {
+            state.owner.remove(key);
+        }
     }
 
     fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
@@ -662,6 +714,51 @@ mod tests {
         match state.planner.option_of(1) == state.planner.dropped() {
             true => assert_eq!(again, [key(1, 0)], "dropped again, with its one key"),
             false => assert_eq!((state.planner.blocks_of(1), again.len()), (1, 0)),
+        }
+    }
+
+    #[test]
+    fn a_drop_leaves_the_keys_another_context_put_again_and_is_called_off_by_a_use() {
+        let (p, now) = planned(400);
+        let key = |c: u64, i: u64| KeyId::new("n", &format!("{c}-{i}"));
+        for i in 0..8 {
+            p.on_put(&BlockInfo { key: key(1, i), ..info(1) });
+        }
+        // Context 3 puts two of context 1's keys again: they are its own now.
+        now.store(1_500, Ordering::Relaxed);
+        for i in 0..2 {
+            p.on_put(&BlockInfo { key: key(1, i), new_key: false, ..info(3) });
+        }
+        // A hotter context 2 takes the room; context 1 is dropped, but not the keys context 3
+        // put again (if context 3 is kept).
+        for t in 1..=3 {
+            now.store(1_000 + t * 1_000, Ordering::Relaxed);
+            for i in 0..8 {
+                p.on_put(&BlockInfo { key: key(2, i), new_key: t == 1, ..info(2) });
+            }
+        }
+        let dropped = p.lock().planner.dropped();
+        assert_eq!(p.option_of(1), dropped);
+        let doomed = p.take_drops();
+        for i in 2..8 {
+            assert!(doomed.contains(&key(1, i)), "1-{i} was context 1's");
+        }
+        let three_kept = p.option_of(3) != dropped;
+        for i in 0..2 {
+            assert_eq!(doomed.contains(&key(1, i)), !three_kept, "1-{i} belongs to context 3");
+        }
+        // A drop at a read is called off when the context is used again before it is applied.
+        let mut state = p.lock();
+        state.own(key(5, 0), 5);
+        // As `doom_context` leaves it: the key out of its context's list, waiting.
+        state.members.remove(&5);
+        state.doomed.push((5, key(5, 0)));
+        drop(state);
+        now.store(20_000, Ordering::Relaxed);
+        p.on_hit(&info(5));
+        if p.option_of(5) != dropped {
+            assert!(p.take_drops().is_empty(), "context 5 was used again");
+            assert_eq!(p.lock().members.get(&5).map(Vec::len), Some(1), "and its key is its own again");
         }
     }
 

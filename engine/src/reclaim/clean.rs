@@ -162,8 +162,11 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     let now_ms = parts.clock.now_unix_ms();
     let now_s = parts.clock.now_unix_s();
     // Taken before the index's lock: the pins' lock is a leaf.
-    let pinned: HashSet<KeyFp> = parts.pins.live(now_ms).into_iter().collect();
+    let pinned_keys = parts.pins.live(now_ms);
     let index = parts.index_read();
+    // The blocks pinned keys name, wherever their own records are: a pinned key that links to
+    // a block another key wrote, or no key owns any more, needs that block kept.
+    let pinned: HashSet<u32> = pinned_keys.iter().filter_map(|k| index.key(k)).map(|k| k.content).collect();
     let mut blocks = Vec::new();
     let mut links = Vec::new();
     // Blocks here whose writing key no longer names them, but other keys (links elsewhere) do.
@@ -208,7 +211,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
         };
         let Some(c) = index.content(k.content).copied() else { continue };
         let policy = parts.policies.get(&h.namespace);
-        let keep = match pinned.contains(&kfp) {
+        let keep = match pinned.contains(&k.content) {
             true => Keep::Relocate,
             false => parts.placement.keep(&info(h, c.raw_len, c.units, index.heat(k.content), now_ms, &policy)),
         };
@@ -235,15 +238,17 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             links.push(r(None));
         }
     }
-    // An orphan block is kept under one of the live keys that link to it, if placement keeps it.
+    // An orphan block is kept under one of the live keys that link to it, if placement keeps it
+    // or a pinned key names it.
     orphans.retain(|slot, (_, h)| {
         let c = index.content(*slot).copied();
         !kept_slots.contains(slot)
-            && c.is_some_and(|c| {
-                let policy = parts.policies.get(&h.namespace);
-                let block = info(h, c.raw_len, c.units, index.heat(*slot), now_ms, &policy);
-                parts.placement.keep(&block) != Keep::Drop
-            })
+            && (pinned.contains(slot)
+                || c.is_some_and(|c| {
+                    let policy = parts.policies.get(&h.namespace);
+                    let block = info(h, c.raw_len, c.units, index.heat(*slot), now_ms, &policy);
+                    parts.placement.keep(&block) != Keep::Drop
+                }))
     });
     if !orphans.is_empty() {
         let mut holders: HashMap<u32, Loc> = HashMap::new();
