@@ -24,22 +24,22 @@ pub struct Cli {
     pub log_level: String,
 
     /// Use the page cache instead of O_DIRECT for the volume.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)")]
     pub no_direct_io: bool,
 
     /// I/O backend: auto (io_uring when the kernel offers it, else pread), io_uring, pread.
-    #[arg(long, global = true, default_value = "auto", value_parser = crate::flags::parse_backend, value_name = "BACKEND")]
+    #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)", default_value = "auto", value_parser = crate::flags::parse_backend, value_name = "BACKEND")]
     pub io_backend: kvhoard_engine::IoBackend,
 
     /// Bytes of records the log writer keeps in flight to the device, and lets wait for it,
     /// before a put waits [default: 64MiB, sized for NVMe]. Lower it to bound memory; a disk
     /// that needs a deeper queue to reach its speed needs more.
-    #[arg(long, global = true, value_parser = crate::flags::parse_write_in_flight, value_name = "SIZE")]
+    #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)", value_parser = crate::flags::parse_write_in_flight, value_name = "SIZE")]
     pub write_in_flight: Option<u64>,
 
     /// The largest single write the log writer makes: records that follow one another are
     /// joined up to this size, and larger records split into writes of it [default: 2MiB].
-    #[arg(long, global = true, value_parser = crate::flags::parse_write_size, value_name = "SIZE")]
+    #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)", value_parser = crate::flags::parse_write_size, value_name = "SIZE")]
     pub write_size: Option<u64>,
 
     #[command(subcommand)]
