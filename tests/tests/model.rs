@@ -43,6 +43,12 @@ enum Op {
         keys: Vec<u8>,
         value: Value,
     },
+    /// A put that names a group: keys of one group are one context to the planner.
+    PutGrouped {
+        key: u8,
+        value: Value,
+        group: u8,
+    },
     Delete {
         key: u8,
         synced: bool,
@@ -80,7 +86,8 @@ fn op() -> impl Strategy<Value = Op> {
     });
     prop_oneof![
         6 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
-        1 => (proptest::collection::vec(0..KEYS, 1..5), value).prop_map(|(keys, value)| Op::PutBatch { keys, value }),
+        1 => (proptest::collection::vec(0..KEYS, 1..5), value.clone()).prop_map(|(keys, value)| Op::PutBatch { keys, value }),
+        3 => (0..KEYS, value, 0..3u8).prop_map(|(key, value, group)| Op::PutGrouped { key, value, group }),
         2 => (0..KEYS, any::<bool>()).prop_map(|(key, synced)| Op::Delete { key, synced }),
         2 => (0..KEYS, 0..KEYS, any::<bool>()).prop_map(|(from, to, synced)| Op::Rename { from, to, synced }),
         4 => (0..KEYS).prop_map(|key| Op::Get { key }),
@@ -97,7 +104,8 @@ fn op() -> impl Strategy<Value = Op> {
 fn op_filling() -> impl Strategy<Value = Op> {
     let value = (any::<u8>(), 150_000u32..300_000);
     prop_oneof![
-        6 => (0..KEYS, value, any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
+        4 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
+        2 => (0..KEYS, value, 0..3u8).prop_map(|(key, value, group)| Op::PutGrouped { key, value, group }),
         3 => (0..KEYS).prop_map(|key| Op::Pin { key }),
         1 => (0..KEYS).prop_map(|key| Op::Unpin { key }),
         3 => (0..KEYS).prop_map(|key| Op::Get { key }),
@@ -162,9 +170,13 @@ impl Placement for Recording {
         self.inner.codec_at_put(block)
     }
 
-    fn take_drops(&self) -> Vec<KeyId> {
+    fn located(&self, key: KeyId, context: u64, record: Option<kvhoard_engine::Loc>) {
+        self.inner.located(key, context, record);
+    }
+
+    fn take_drops(&self) -> Vec<(KeyId, kvhoard_engine::Loc)> {
         let keys = self.inner.take_drops();
-        self.planned.lock().unwrap().extend_from_slice(&keys);
+        self.planned.lock().unwrap().extend(keys.iter().map(|(k, _)| *k));
         keys
     }
 }
@@ -205,9 +217,12 @@ struct Model {
     /// Keys the planner dropped since they were last read: the next read may find nothing (or,
     /// pinned, the value).
     planner_dropped: BTreeSet<u8>,
-    /// Per key, the values the planner dropped it with since it was last written durably: a
-    /// crash may bring one back (nothing was written for the drop), or find nothing.
-    resurrectable: BTreeMap<u8, BTreeSet<Value>>,
+    /// Per key, the values the planner dropped it with since it was last written: a crash may
+    /// bring one back (nothing was written for the drop), or find nothing.
+    resurrect: BTreeMap<u8, BTreeSet<Value>>,
+    /// Per key, values the planner dropped it with before a write of it that is not durable
+    /// yet: a crash that loses that write may bring one back.
+    resurrect_unsynced: BTreeMap<u8, BTreeSet<Value>>,
     /// The reads that follow a crash (of any kind) are going on.
     crashed: bool,
 }
@@ -224,9 +239,13 @@ impl Model {
     fn write(&mut self, key: u8, v: Option<Value>, synced: bool) {
         self.current.insert(key, v);
         self.since_sync.entry(key).or_default().push(v);
+        // The write supersedes what the planner dropped before it, once it is durable.
+        self.planner_dropped.remove(&key);
+        if let Some(before) = self.resurrect.remove(&key) {
+            self.resurrect_unsynced.entry(key).or_default().extend(before);
+        }
         if synced {
             self.synced();
-            self.resurrectable.remove(&key);
         }
     }
 
@@ -234,13 +253,14 @@ impl Model {
     fn planner_dropped(&mut self, key: u8) {
         self.planner_dropped.insert(key);
         if let Some(v) = self.current.get(&key).copied().flatten() {
-            self.resurrectable.entry(key).or_default().insert(v);
+            self.resurrect.entry(key).or_default().insert(v);
         }
     }
 
     fn synced(&mut self) {
         self.durable = self.current.clone();
         self.since_sync.clear();
+        self.resurrect_unsynced.clear();
     }
 
     /// Checks the bytes read against what the model allows and adopts the value they are.
@@ -259,9 +279,15 @@ impl Model {
             allowed.insert(None);
         }
         if after_crash || self.crashed {
-            if let Some(values) = self.resurrectable.get(&key) {
+            // Dropped by the planner with nothing written: a crash may bring back the value it
+            // was dropped with, or, when the crash lost the writes after it, one dropped before.
+            let mut back: BTreeSet<Value> = self.resurrect.get(&key).cloned().unwrap_or_default();
+            if after_crash {
+                back.extend(self.resurrect_unsynced.get(&key).into_iter().flatten().copied());
+            }
+            if !back.is_empty() {
                 allowed.insert(None);
-                allowed.extend(values.iter().copied().map(Some));
+                allowed.extend(back.into_iter().map(Some));
             }
         }
         // Compare bytes, not seeds: different seeds can give identical short blocks.
@@ -328,7 +354,7 @@ impl Volume {
 
 /// The placement planner over one form (as put) and "dropped", keeping `budget` bytes: each key
 /// is a context of its own (no groups), dropped whole when puts go over the budget.
-fn planner(budget: u64) -> Arc<dyn Placement> {
+fn planner(budget: u64, now: &Arc<std::sync::atomic::AtomicU64>) -> Arc<dyn Placement> {
     use kvhoard_engine::placement::load_model::LoadModel;
     use kvhoard_engine::placement::planner::{DramChoice, PlannerConfig, StoreOption};
     use kvhoard_engine::placement::{Planned, PlannedConfig};
@@ -347,7 +373,7 @@ fn planner(budget: u64) -> Arc<dyn Placement> {
         quality: vec![1.0, 1.0],
         loads: LoadModel::default(),
     };
-    Arc::new(Planned::new(config, kvhoard_engine::Clock::default()).unwrap())
+    Arc::new(Planned::new(config, kvhoard_engine::Clock::manual(Arc::clone(now))).unwrap())
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -376,8 +402,10 @@ impl Setup {
 fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
     let Setup { backend, dram_tier_bytes, segments, checkpoint_every_segments, lru, planner_budget } = setup;
     let create = CreateOptions { capacity_bytes: Some(SEGMENT * segments), segment_size_bytes: SEGMENT };
+    // The planner's clock: a second per operation, so that a case repeats exactly.
+    let now = Arc::new(std::sync::atomic::AtomicU64::new(1_700_000_000_000));
     let recording = Arc::new(match (lru, planner_budget) {
-        (_, Some(budget)) => Recording::over(planner(budget)),
+        (_, Some(budget)) => Recording::over(planner(budget, &now)),
         (true, None) => Recording::over(Arc::new(kvhoard_engine::placement::Lru::default())),
         (false, None) => Recording::default(),
     });
@@ -408,6 +436,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
     };
     let mut model = Model::default();
     for op in ops {
+        now.fetch_add(1_000, std::sync::atomic::Ordering::Relaxed);
         // Keys reclaim dropped during the operation. A single put or delete reclaims before it
         // writes anything, so its own key's drop is of the old value; a batch or a rename may
         // reclaim between its records, so the keys it wrote may have lost their new value.
@@ -426,6 +455,12 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
                 dropped_first(&mut model);
                 model.write(key, Some(value), synced);
             }
+            Op::PutGrouped { key, value, group } => {
+                let opts = PutOptions { group: Some(u64::from(group)), ..PutOptions::default() };
+                store.put("default", &format!("key-{key}"), &value_bytes(value), &opts).map_err(fail)?;
+                dropped_first(&mut model);
+                model.write(key, Some(value), false);
+            }
             Op::PutBatch { keys, value } => {
                 let names: Vec<String> = keys.iter().map(|k| format!("key-{k}")).collect();
                 let bytes = value_bytes(value);
@@ -442,9 +477,6 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
                 keys_dropped.iter().for_each(|&k| model.dropped(k));
                 keys.iter().for_each(|&k| model.write(k, Some(value), false));
                 model.synced();
-                keys.iter().for_each(|k| {
-                    model.resurrectable.remove(k);
-                });
                 model.maybe_dropped.extend(keys_dropped.iter().filter(|k| keys.contains(k)));
             }
             Op::Delete { key, synced } => {
@@ -454,9 +486,15 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
                 let expected = model.current.get(&key).copied().flatten().is_some();
                 // A key the planner dropped may be gone (or, pinned, still there).
                 let unsure = model.planner_dropped.remove(&key);
-                prop_assert!(existed == expected || unsure, "delete of key-{} said it existed: {}", key, existed);
-                // Deleting a missing key writes nothing, so it syncs nothing either.
-                model.write(key, None, synced && existed);
+                prop_assert!(
+                    existed == expected || (unsure && expected && !existed),
+                    "delete of key-{} said it existed: {}",
+                    key,
+                    existed
+                );
+                // Deleting a missing key writes nothing, so it syncs nothing either; a key the
+                // planner dropped gets its tombstone all the same (a crash could bring it back).
+                model.write(key, None, synced && (existed || unsure));
             }
             Op::Rename { from, to, synced } => {
                 let durability = if synced { Durability::Synced } else { Durability::Written };
@@ -471,7 +509,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
                 // A key the planner dropped may be gone (or, pinned, still there).
                 let planner_dropped = model.planner_dropped.remove(&from);
                 prop_assert!(
-                    existed == value.is_some() || from_dropped_first || planner_dropped,
+                    existed == value.is_some() || from_dropped_first || (planner_dropped && !existed),
                     "rename of key-{from}: existed {existed}, model {value:?}"
                 );
                 if !existed && planner_dropped {

@@ -41,6 +41,7 @@ use std::sync::Arc;
 use kvhoard_kernels::CodecSpec;
 
 use crate::index::{group_fp, key_fp, KeyId};
+use crate::log::Loc;
 use crate::policy::Policy;
 use crate::tier::LoadSpeeds;
 
@@ -69,8 +70,6 @@ pub struct BlockInfo<'a> {
     pub group: Option<u64>,
     /// Its context ([`context_of`]).
     pub context: u64,
-    /// Its key.
-    pub key: KeyId,
     /// At a put: its key named no block before (the put adds a block to its context).
     pub new_key: bool,
     /// Its namespace's policy: whether lossy codecs are allowed, and its settings.
@@ -205,13 +204,23 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
         let _ = keys;
     }
 
+    /// A record naming `key`, of `context`, was written at `record`: a put's block or link, a
+    /// rename's link, cleaning's copy; `None`: a tombstone, the key is deleted. Told under the
+    /// log's lock, in log order, after the index names it. For a placement that drops keys
+    /// itself ([`Placement::take_drops`]): which record each key's drop is for.
+    fn located(&self, key: KeyId, context: u64, record: Option<Loc>) {
+        let _ = (key, context, record);
+    }
+
     /// Keys whose blocks placement dropped since it was last asked (a planner dropping a
-    /// context): the store removes them from its index and the DRAM tier (pinned ones excepted),
-    /// so they read as misses and their records are dead space to cleaning. Not written to the
-    /// log: after a crash, a key dropped since the last checkpoint may be found again (its bytes,
-    /// which are still right), until cleaning or a later drop lets it go. Asked after each put
-    /// and before each cleaning, never under the log's lock.
-    fn take_drops(&self) -> Vec<KeyId> {
+    /// context), each with the record it was dropped at: the store removes each from its index
+    /// and the DRAM tier if the index still names that record (a key written again since
+    /// stays) and no client has it pinned, so they read as misses and their records are dead
+    /// space to cleaning. Not written to the log: after a crash, a key dropped since the last
+    /// checkpoint may be found again with the bytes it was dropped with (still right), until
+    /// cleaning reaches them. Asked after every write a client makes and before each cleaning
+    /// copies what it keeps, never under the log's lock.
+    fn take_drops(&self) -> Vec<(KeyId, Loc)> {
         Vec::new()
     }
 

@@ -8,13 +8,16 @@
 //!   none). A put whose bytes were already stored (a link) adds nothing. Blocks that reclaim
 //!   drops whole with a segment, when cleaning falls behind, stay counted until their context is
 //!   dropped.
-//! - **Drops.** A context the planner drops (its greedy, or cleaning's drop) is dropped at once:
-//!   the keys it put since the store opened, and still owns (a key put again by another
-//!   context is that one's), are handed to the store ([`Placement::take_drops`]) after the put
-//!   or before the cleaning that dropped it (a drop at a read waits for the next of these, and
-//!   is called off if the context is used again meanwhile). The store removes them from its
-//!   index and memory, pinned keys excepted, so they read as misses and their records are dead
-//!   space that cleaning's choice of victims sees, as the simulator assumes. Left on the log, they would look live to the cleaner until it reached
+//! - **Drops.** A context the planner drops (its greedy, or cleaning's drop) is dropped at once.
+//!   The store tells placement of every record it writes ([`Placement::located`]: a put's block
+//!   or link, a rename's link, cleaning's copy, a tombstone), so the planner knows, for each key
+//!   written since the store opened, which context its newest record names and where it is.
+//!   The keys a dropped context holds are handed to the store with their records
+//!   ([`Placement::take_drops`]) after the write or before the cleaning that dropped it (a drop
+//!   at a read waits for the next of these). The store removes each whose index entry is still
+//!   that record, pinned keys excepted, so they read as misses and their records are dead space
+//!   that cleaning's choice of victims sees, as the simulator assumes; a key written again
+//!   since keeps its new record. Left on the log, they would look live to the cleaner until it reached
 //!   them: on a trace whose contexts all come back, that kept the volume full and cleaning
 //!   copied a segment to free a sliver of one (docs/benchmarks.md). Keys the planner never saw
 //!   put (before a restart) are dropped as cleaning reaches them.
@@ -35,8 +38,9 @@
 //!   ratios; see [`super::load_model`].
 //!
 //! What the planner knows lives in memory (about 150 bytes per context: the context, its
-//! profile when one is set, and its place in the heap; and about 60 bytes per block put, for
-//! its key's owner and its context's list of keys), at most [`MAX_CONTEXTS`] of them: past
+//! profile when one is set, and its place in the heap; and about 60 bytes per key written, for
+//! its newest record and its context's list of keys; a key deleted or reclaimed is forgotten,
+//! one that expires is not until its context is dropped), at most [`MAX_CONTEXTS`] of them: past
 //! that, dropped contexts are forgotten. After a restart it knows no context until one is used
 //! again, and counts only the blocks it sees put or read; a cleaner meets blocks of contexts it
 //! does not know (or forgot) and keeps them as [`Lru`] does (those read since their write).
@@ -64,6 +68,7 @@ use super::{BlockInfo, Keep, LiveBlock, Lru, OptionView, Placement, PlacementRep
 use crate::clock::Clock;
 use crate::error::{Result, StoreError};
 use crate::index::KeyId;
+use crate::log::Loc;
 use crate::tier::{LoadSpeeds, SpeedTotals};
 
 /// A planned volume's options: the planner's configuration and the codec of each option.
@@ -85,15 +90,15 @@ struct State {
     planner: Planner,
     /// Quality profiles clients set, per context.
     profiles: HashMap<u64, Vec<f64>>,
-    /// The context each key was last put by, since the store opened (a key put again by another
-    /// context is that one's; one reclaim dropped is no one's).
-    owner: HashMap<KeyId, u64>,
-    /// Per context: the keys it put (some may have moved to another context or gone since:
-    /// checked against `owner`).
-    members: HashMap<u64, Vec<KeyId>>,
-    /// Keys of contexts dropped, with their context, for the store to remove
+    /// Per key written since the store opened: the context its latest record names, and where
+    /// that record is (a key put again, linked, renamed to or relocated moves; one deleted or
+    /// reclaimed goes).
+    records: HashMap<KeyId, (u64, Loc)>,
+    /// Per context: the keys it holds.
+    members: HashMap<u64, Members>,
+    /// Keys of contexts dropped, with the record each was dropped at, for the store to remove
     /// ([`Placement::take_drops`]).
-    doomed: Vec<(u64, KeyId)>,
+    doomed: Vec<(KeyId, Loc)>,
     /// Time spent deciding.
     cpu: Duration,
     /// Per option, since its ratio was last set: (record bytes, raw bytes, blocks) of the puts
@@ -182,7 +187,7 @@ impl Planned {
         let state = State {
             planner: Planner::new(config.planner),
             profiles: HashMap::new(),
-            owner: HashMap::new(),
+            records: HashMap::new(),
             members: HashMap::new(),
             doomed: Vec::new(),
             cpu: Duration::ZERO,
@@ -298,9 +303,6 @@ impl Planned {
         let kept =
             if state.planner.option_of(block.context) == dropped { 0 } else { state.planner.blocks_of(block.context) };
         let blocks = kept + added;
-        if put {
-            state.own(block.key, block.context);
-        }
         let quality = self.quality_of(state, block);
         state.planner.touch(&ContextUse {
             context: block.context,
@@ -330,52 +332,53 @@ impl State {
         }
     }
 
-    /// Hands `context`'s keys to the store if the planner has it dropped.
+    /// Hands the keys `context` holds, with their records, to the store if the planner has it
+    /// dropped.
     fn doom_context(&mut self, context: u64) {
         if self.planner.option_of(context) != self.planner.dropped() {
             return;
         }
-        for key in self.members.remove(&context).unwrap_or_default() {
-            if self.owner.get(&key) == Some(&context) {
-                self.doomed.push((context, key));
+        for key in self.members.remove(&context).map(|m| m.keys).unwrap_or_default() {
+            if let Some(&(owner, record)) = self.records.get(&key).filter(|(owner, _)| *owner == context) {
+                debug_assert_eq!(owner, context);
+                self.records.remove(&key);
+                self.doomed.push((key, record));
             }
         }
     }
 
-    /// `key` was put by `context`.
-    fn own(&mut self, key: KeyId, context: u64) {
-        if self.owner.insert(key, context) == Some(context) {
+    /// A record naming `key` for `context` is at `record` (`None`: the key was deleted).
+    fn locate(&mut self, key: KeyId, context: u64, record: Option<Loc>) {
+        let Some(record) = record else {
+            self.records.remove(&key);
+            return;
+        };
+        if self.records.insert(key, (context, record)).is_some_and(|(owner, _)| owner == context) {
             return;
         }
         let members = self.members.entry(context).or_default();
-        members.push(key);
-        // Keys that moved to other contexts or went: dropped from the list once they are as
-        // many as the context's blocks, so a list stays within twice what its context holds.
-        let blocks = self.planner.blocks_of(context);
-        if members.len() as u64 > 2 * blocks + 64 {
-            let owner = &self.owner;
-            members.retain(|k| owner.get(k) == Some(&context));
+        members.keys.push(key);
+        // Keys that moved to other contexts or went stay listed until the list has doubled since
+        // it was last compacted: compacting then keeps each key it holds once, so a list stays
+        // within twice what its context holds, at O(1) a put amortized.
+        if members.keys.len() > 2 * members.compacted + 64 {
+            let records = &self.records;
+            members.keys.sort_unstable();
+            members.keys.dedup();
+            members.keys.retain(|k| records.get(k).is_some_and(|(owner, _)| *owner == context));
+            members.compacted = members.keys.len();
         }
     }
+}
 
-    /// The keys doomed whose context is still dropped and still owns them (a context used
-    /// again since, or a key put again by another, keeps them); they leave `owner`.
-    fn take_doomed(&mut self) -> Vec<KeyId> {
-        let dropped = self.planner.dropped();
-        let mut keys = Vec::new();
-        for (context, key) in std::mem::take(&mut self.doomed) {
-            if self.owner.get(&key) != Some(&context) {
-                continue;
-            }
-            if self.planner.option_of(context) == dropped {
-                self.owner.remove(&key);
-                keys.push(key);
-            } else {
-                self.members.entry(context).or_default().push(key);
-            }
-        }
-        keys
-    }
+/// The keys a context holds, as placement was told of them ([`State::locate`]).
+#[derive(Debug, Default)]
+struct Members {
+    /// Its keys; some may have moved to another context or gone since (checked against
+    /// `State::records`), some be listed twice.
+    keys: Vec<KeyId>,
+    /// How many it held when it was last compacted.
+    compacted: usize,
 }
 
 impl Planned {
@@ -478,14 +481,18 @@ impl Placement for Planned {
         self.lock().planner.in_dram(context)
     }
 
-    fn take_drops(&self) -> Vec<KeyId> {
-        self.lock().take_doomed()
+    fn located(&self, key: KeyId, context: u64, record: Option<Loc>) {
+        self.lock().locate(key, context, record);
+    }
+
+    fn take_drops(&self) -> Vec<(KeyId, Loc)> {
+        std::mem::take(&mut self.lock().doomed)
     }
 
     fn dropped(&self, keys: &[KeyId]) {
         let mut state = self.lock();
         for key in keys {
-            state.owner.remove(key);
+            state.records.remove(key);
         }
     }
 
@@ -635,7 +642,6 @@ mod tests {
             record_bytes: 4096,
             group: Some(context),
             context,
-            key: KeyId::new("n", &context.to_string()),
             new_key: true,
             policy: &LOSSY,
             codec: None,
@@ -680,85 +686,80 @@ mod tests {
         assert_eq!(p.keep(&live(9, 2)), Keep::Relocate);
     }
 
+    fn at(unit: u32) -> Loc {
+        Loc { segment: 1, unit }
+    }
+
+    /// A put of block `i` of `context`, told as the store tells it: the put, then its record.
+    fn put(p: &Planned, context: u64, i: u32, new_key: bool) {
+        p.on_put(&BlockInfo { new_key, ..info(context) });
+        p.located(key(context, i), context, Some(at(context as u32 * 100 + i)));
+    }
+
+    fn key(context: u64, i: u32) -> KeyId {
+        KeyId::new("n", &format!("{context}-{i}"))
+    }
+
     #[test]
-    fn a_dropped_context_hands_the_keys_of_its_blocks_to_the_store_once() {
+    fn a_dropped_context_hands_its_keys_and_their_records_to_the_store_once() {
         // Room for one context of 8 blocks quantized.
         let (p, now) = planned(400);
-        let key = |c: u64, i: u64| KeyId::new("n", &format!("{c}-{i}"));
         for i in 0..8 {
-            p.on_put(&BlockInfo { key: key(1, i), ..info(1) });
+            put(&p, 1, i, true);
         }
         assert_eq!(p.option_of(1), 1, "quantized to fit");
         assert!(p.take_drops().is_empty(), "nothing dropped yet");
         // A newer, hotter context of 8 blocks takes the room: context 1 is dropped, and every
-        // key it put goes to the store, once.
+        // key it holds goes to the store with its record, once.
         for t in 1..=3 {
             now.store(1_000 + t * 1_000, Ordering::Relaxed);
             for i in 0..8 {
-                p.on_put(&BlockInfo { key: key(2, i), new_key: t == 1, ..info(2) });
+                put(&p, 2, i, t == 1);
             }
         }
         assert_eq!(p.option_of(1), 2, "dropped");
         let mut dropped = p.take_drops();
         dropped.sort();
-        let mut want: Vec<KeyId> = (0..8).map(|i| key(1, i)).collect();
+        let mut want: Vec<(KeyId, Loc)> = (0..8).map(|i| (key(1, i), at(100 + i))).collect();
         want.sort();
         assert_eq!(dropped, want);
         assert!(p.take_drops().is_empty(), "handed over once");
         assert_eq!(p.option_of(2), 1, "the hot context is kept");
-        // Used again, it starts from what is put now: one block, under one key.
-        now.store(10_000, Ordering::Relaxed);
-        p.on_put(&BlockInfo { key: key(1, 0), ..info(1) });
-        let again = p.take_drops();
-        let state = p.lock();
-        match state.planner.option_of(1) == state.planner.dropped() {
-            true => assert_eq!(again, [key(1, 0)], "dropped again, with its one key"),
-            false => assert_eq!((state.planner.blocks_of(1), again.len()), (1, 0)),
-        }
     }
 
     #[test]
-    fn a_drop_leaves_the_keys_another_context_put_again_and_is_called_off_by_a_use() {
+    fn a_drop_is_of_the_records_the_context_holds_now() {
         let (p, now) = planned(400);
-        let key = |c: u64, i: u64| KeyId::new("n", &format!("{c}-{i}"));
         for i in 0..8 {
-            p.on_put(&BlockInfo { key: key(1, i), ..info(1) });
+            put(&p, 1, i, true);
         }
-        // Context 3 puts two of context 1's keys again: they are its own now.
-        now.store(1_500, Ordering::Relaxed);
-        for i in 0..2 {
-            p.on_put(&BlockInfo { key: key(1, i), new_key: false, ..info(3) });
-        }
-        // A hotter context 2 takes the room; context 1 is dropped, but not the keys context 3
-        // put again (if context 3 is kept).
+        // 1-0 is put again for context 3 (a link, or other bytes); 1-1 is relocated by cleaning;
+        // 1-2 is deleted.
+        p.located(key(1, 0), 3, Some(at(900)));
+        p.located(key(1, 1), 1, Some(at(901)));
+        p.located(key(1, 2), 1, None);
         for t in 1..=3 {
             now.store(1_000 + t * 1_000, Ordering::Relaxed);
             for i in 0..8 {
-                p.on_put(&BlockInfo { key: key(2, i), new_key: t == 1, ..info(2) });
+                put(&p, 2, i, t == 1);
             }
         }
-        let dropped = p.lock().planner.dropped();
-        assert_eq!(p.option_of(1), dropped);
-        let doomed = p.take_drops();
-        for i in 2..8 {
-            assert!(doomed.contains(&key(1, i)), "1-{i} was context 1's");
+        assert_eq!(p.option_of(1), 2, "dropped");
+        let mut dropped = p.take_drops();
+        dropped.sort();
+        let mut want: Vec<(KeyId, Loc)> =
+            [(key(1, 1), at(901))].into_iter().chain((3..8).map(|i| (key(1, i), at(100 + i)))).collect();
+        want.sort();
+        assert_eq!(dropped, want, "not 1-0 (context 3's now), 1-1 where it is now, not 1-2 (gone)");
+        // A key that moves back and forth between two contexts a thousand times is listed a
+        // bounded number of times in either: twice what they hold (one key), plus 64.
+        for n in 0..1_000u32 {
+            p.located(key(7, 0), 7 + u64::from(n % 2), Some(at(n)));
         }
-        let three_kept = p.option_of(3) != dropped;
-        for i in 0..2 {
-            assert_eq!(doomed.contains(&key(1, i)), !three_kept, "1-{i} belongs to context 3");
-        }
-        // A drop at a read is called off when the context is used again before it is applied.
-        let mut state = p.lock();
-        state.own(key(5, 0), 5);
-        // As `doom_context` leaves it: the key out of its context's list, waiting.
-        state.members.remove(&5);
-        state.doomed.push((5, key(5, 0)));
-        drop(state);
-        now.store(20_000, Ordering::Relaxed);
-        p.on_hit(&info(5));
-        if p.option_of(5) != dropped {
-            assert!(p.take_drops().is_empty(), "context 5 was used again");
-            assert_eq!(p.lock().members.get(&5).map(Vec::len), Some(1), "and its key is its own again");
+        let state = p.lock();
+        for context in [7, 8] {
+            let listed = state.members.get(&context).map_or(0, |m| m.keys.len());
+            assert!(listed <= 2 + 64 + 1, "context {context} lists its one key {listed} times");
         }
     }
 

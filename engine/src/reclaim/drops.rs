@@ -2,17 +2,62 @@
 //! at once ([`crate::placement::Placement::take_drops`]), so they read as misses and their
 //! records are dead space that the choice of cleaning's victims sees. Pinned keys stay.
 //!
-//! Nothing is written to the log. The same holds as for keys that expire: after a crash, a key
-//! dropped since the last checkpoint may be found again, with its own bytes (which are still
-//! right), until a later drop or cleaning lets it go; a checkpoint written before a segment that
-//! is not the oldest is freed (`super::free_victim`) keeps an older version of a dropped key from
-//! coming back, as it does for every key that segment held.
+//! Nothing is written to the log. After a crash, a key dropped since the last checkpoint may be
+//! found again, with the bytes it was dropped with (still right), until cleaning reaches its
+//! record or it is written again; a checkpoint written before a segment that is not the oldest is
+//! freed (`super::free_victim`) keeps an older version of a dropped key from coming back, as it
+//! does for every key that segment held. A client that deletes a dropped key still gets its
+//! tombstone written ([`DroppedKeys`]): a crash never brings back a key its client deleted.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
 use crate::index::KeyFp;
 use crate::parts::Parts;
+
+/// Keys remembered as dropped before a delete of an absent key writes its tombstone whatever the
+/// key (about 50 MB).
+const MAX_REMEMBERED: usize = 1 << 20;
+
+/// Keys placement dropped whose records a crash may still bring back: a delete of one writes its
+/// tombstone although the index no longer names it, or a crash could bring back a key its client
+/// deleted. A key is forgotten once any record of it is written (a put, a link, a tombstone: the
+/// newest record wins at recovery). Past [`MAX_REMEMBERED`] keys, every delete of an absent key
+/// writes its tombstone until the store is opened again. A leaf lock.
+#[derive(Debug, Default)]
+pub(crate) struct DroppedKeys {
+    state: Mutex<(HashSet<KeyFp>, bool)>,
+}
+
+impl DroppedKeys {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (HashSet<KeyFp>, bool)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, key: KeyFp) {
+        let mut state = self.lock();
+        if state.0.len() >= MAX_REMEMBERED {
+            state.0 = HashSet::new();
+            state.1 = true;
+        }
+        state.0.insert(key);
+    }
+
+    /// A record of `key` was written: it supersedes the dropped one.
+    pub(crate) fn forget(&self, key: &KeyFp) {
+        let mut state = self.lock();
+        if !state.0.is_empty() {
+            state.0.remove(key);
+        }
+    }
+
+    /// Whether a crash could bring back a record of `key` that the index no longer names.
+    pub(crate) fn may_hold(&self, key: &KeyFp) -> bool {
+        let state = self.lock();
+        state.1 || state.0.contains(key)
+    }
+}
 
 /// Removes the keys placement dropped since it was last asked; returns how many were found.
 /// Takes the index's write lock: call it with no lock held.
@@ -26,12 +71,16 @@ pub(crate) fn apply(parts: &Parts) -> u64 {
     let pinned: HashSet<KeyFp> = parts.pins.live(parts.clock.now_unix_ms()).into_iter().collect();
     let mut removed = 0;
     let mut index = parts.index_write();
-    for key in keys.into_iter().filter(|k| !pinned.contains(&k.0)) {
-        let content = index.key(&key.0).and_then(|k| index.content(k.content)).map(|c| c.fp);
+    for (key, record) in keys.into_iter().filter(|(k, _)| !pinned.contains(&k.0)) {
+        // Only the record it was dropped at: a key written again since (put, linked, renamed
+        // to), or deleted, expired or reclaimed, keeps what it is now.
+        let Some(entry) = index.key(&key.0).filter(|e| e.record == record).copied() else { continue };
+        let content = index.content(entry.content).map(|c| c.fp);
         if !index.remove_key(&key.0) {
-            continue; // deleted, expired or reclaimed since
+            continue;
         }
         removed += 1;
+        parts.dropped_keys.insert(key.0);
         // The block's copy in memory goes with its last key.
         if let Some(fp) = content.filter(|fp| index.content_slot(fp).is_none()) {
             parts.tiers.remove(&fp);

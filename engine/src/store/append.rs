@@ -223,8 +223,12 @@ impl Parts {
         state.writable()?;
         let mut jobs = Vec::with_capacity(items.len());
         for (done, item) in items.iter_mut().enumerate() {
+            // A key placement dropped may still have a record a crash would bring back: its
+            // tombstone is written.
             let tombstone_of_nothing = |item: &Prepared<'_>| {
-                item.header.kind == RecordKind::Tombstone && self.index_read().key(&item.key).is_none()
+                item.header.kind == RecordKind::Tombstone
+                    && self.index_read().key(&item.key).is_none()
+                    && !self.dropped_keys.may_hold(&item.key)
             };
             if tombstone_of_nothing(item) {
                 continue;
@@ -320,6 +324,16 @@ impl Parts {
             self.log.drop_pending(&loc);
             return Err(e);
         }
+        let h = &item.header;
+        let record = match h.kind {
+            RecordKind::Block | RecordKind::Link => Some(Some(loc)),
+            RecordKind::Tombstone => Some(None),
+            RecordKind::Lost => None,
+        };
+        if let Some(record) = record {
+            self.dropped_keys.forget(&item.key);
+            self.placement.located(KeyId(item.key), context_of(h.group_id, &h.namespace, &h.key), record);
+        }
         let unit = open.reserve(units, &encoded);
         debug_assert_eq!(unit, loc.unit);
         self.metrics.count_put(&item.header);
@@ -347,7 +361,6 @@ impl Parts {
             record_bytes: buf.len() as u64,
             group: header.group_id,
             context: context_of(header.group_id, &header.namespace, &header.key),
-            key: KeyId::new(&header.namespace, &header.key),
             new_key,
             policy: &policy,
             codec: stored_codec(&header.desc, header.raw_len, &header.compression),

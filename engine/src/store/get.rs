@@ -20,7 +20,7 @@ use super::Store;
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::codec::stored_codec;
 use crate::error::{Result, StoreError};
-use crate::index::{bytes_prefix, content_fp, header_fp, is_expired, key_fp, ContentEntry, KeyFp, KeyId};
+use crate::index::{bytes_prefix, content_fp, header_fp, is_expired, key_fp, ContentEntry, KeyFp};
 use crate::log::scan::check_payload;
 use crate::options::ReadOptions;
 use crate::parts::Parts;
@@ -288,7 +288,6 @@ impl Parts {
             record_bytes: meta.stored_len,
             group: meta.group_id,
             context: context_of(meta.group_id, namespace, key),
-            key: KeyId::new(namespace, key),
             new_key: false,
             policy: &policy,
             codec: stored_codec(&meta.desc, meta.raw_len, &meta.compression),
@@ -430,7 +429,6 @@ impl Parts {
             record_bytes: buf.len() as u64,
             group: header.group_id,
             context: context_of(header.group_id, &header.namespace, &header.key),
-            key: KeyId::new(&header.namespace, &header.key),
             new_key: false,
             policy: &policy,
             codec: stored_codec(&header.desc, header.raw_len, &header.compression),

@@ -196,6 +196,7 @@ impl Store {
             tiers: Tiers::new(opts.dram_tier_bytes, cores),
             checkpoints: Arc::new(Checkpoints::new(checkpoint_store, recovered.checkpoint_covers)),
             pins: Pins::default(),
+            dropped_keys: Default::default(),
             placement: Arc::clone(&opts.placement),
             pool: BufferPool::new(64, opts.buffer_pool_bytes),
             codecs: Codecs::default(),

@@ -9,7 +9,7 @@ use super::append::{Coding, Prepared, PARALLEL_MIN_BYTES, SOURCE_CHANGED};
 use super::Store;
 use crate::block::BlockMeta;
 use crate::error::{Result, StoreError};
-use crate::index::{header_fp, key_fp, KeyId};
+use crate::index::{header_fp, key_fp};
 use crate::log::Pos;
 use crate::options::{Durability, PutOptions};
 use crate::placement::group_ttl::Access;
@@ -53,7 +53,6 @@ impl Store {
                         record_bytes: header.record_bytes(),
                         group: opts.group,
                         context: context_of(opts.group, namespace, &header.key),
-                        key: KeyId::new(namespace, &header.key),
                         new_key: true,
                         policy: &policy,
                         codec: None,
@@ -110,13 +109,16 @@ impl Store {
         validate_key(key)?;
         let parts = &self.parts;
         let kfp = key_fp(namespace, key);
-        if parts.index_read().key(&kfp).is_none() {
+        // A key placement dropped is absent from the index, but a crash could bring its record
+        // back: its tombstone is written all the same, and it did not exist.
+        let present = parts.index_read().key(&kfp).is_some();
+        if !present && !parts.dropped_keys.may_hold(&kfp) {
             return Ok(false);
         }
         let header = tombstone(namespace, key, parts.clock.now_unix_ms());
         let mut one = [Prepared::without_payload(header, kfp, [0; 16], None)];
         let (jobs, _) = parts.reserve(&mut one)?;
-        let existed = !jobs.is_empty();
+        let existed = present && !jobs.is_empty();
         let end = jobs.iter().map(WriteJob::end).max();
         self.submit(jobs, durability)?;
         if let (Durability::Synced, Some(end)) = (durability, end) {

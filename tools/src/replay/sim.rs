@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use kvhoard_engine::placement::planner::{ContextUse, Planner, PlannerConfig, CLEANING_DROP_MARGIN};
 use kvhoard_engine::placement::{BlockInfo, Keep, LiveBlock, Placement, SegmentView};
 use kvhoard_engine::tier::DramTier;
-use kvhoard_engine::{KeyId, Loc};
+use kvhoard_engine::Loc;
 
 use super::cache::{Cache, CacheStats, Lookup};
 use super::model::{sensitivity, CodecFacts};
@@ -157,11 +157,6 @@ impl SimCache {
     fn kept_ms(e: &Entry, now_ms: u64) -> u64 {
         let until = if e.expires_ms == 0 { now_ms } else { now_ms.min(e.expires_ms) };
         until.saturating_sub(e.written_ms)
-    }
-
-    /// The key a block of the trace is stored under, as placement sees it.
-    fn key(id: u64) -> KeyId {
-        KeyId::new("replay", &id.to_string())
     }
 
     fn fp(id: u64) -> [u8; 16] {
@@ -492,7 +487,6 @@ impl Cache for SimCache {
                 record_bytes: e.record,
                 group: Some(e.group),
                 context: e.group,
-                key: Self::key(id),
                 new_key: false,
                 policy: &REPLAY_POLICY,
                 codec: self.facts(e.codec).spec,
@@ -548,7 +542,6 @@ impl Cache for SimCache {
                 record_bytes: self.record_bytes(codec),
                 group: Some(group),
                 context: group,
-                key: Self::key(id),
                 new_key: true,
                 policy: &REPLAY_POLICY,
                 codec: self.facts(codec).spec,
