@@ -20,11 +20,12 @@ fn q8() -> CodecSpec {
     CodecSpec::quant(8, 32, 0)
 }
 
-/// Recompresses groups 0 mod 3 with quant8 and 1 mod 3 losslessly; relocates the rest.
+/// A placement whose cleaning keeps each block as `keep` says (the oldest segment first, no DRAM
+/// tier).
 #[derive(Debug)]
-struct ByContext;
+struct Keeps(fn(&LiveBlock<'_>) -> Keep);
 
-impl Placement for ByContext {
+impl Placement for Keeps {
     fn on_put(&self, _: &BlockInfo<'_>) -> PutPlan {
         PutPlan { dram: false }
     }
@@ -38,11 +39,16 @@ impl Placement for ByContext {
         true
     }
     fn keep(&self, block: &LiveBlock<'_>) -> Keep {
-        match block.group.map_or(2, |g| g % 3) {
-            0 => Keep::Recompress(q8()),
-            1 => Keep::Recompress(CodecSpec::lossless(1)),
-            _ => Keep::Relocate,
-        }
+        (self.0)(block)
+    }
+}
+
+/// Recompresses groups 0 mod 3 with quant8 and 1 mod 3 losslessly; relocates the rest.
+fn by_context(block: &LiveBlock<'_>) -> Keep {
+    match block.group.map_or(2, |g| g % 3) {
+        0 => Keep::Recompress(q8()),
+        1 => Keep::Recompress(CodecSpec::lossless(1)),
+        _ => Keep::Relocate,
     }
 }
 
@@ -63,7 +69,7 @@ struct Expected {
 
 fn store() -> (Arc<MemDevice>, Store, StoreOptions) {
     let dev = Arc::new(MemDevice::new(SEG * 16));
-    let opts = StoreOptions { placement: Arc::new(ByContext), ..StoreOptions::default() };
+    let opts = StoreOptions { placement: Arc::new(Keeps(by_context)), ..StoreOptions::default() };
     let store =
         Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone())
             .unwrap();
@@ -304,34 +310,17 @@ fn a_put_placement_quantizes_is_sampled_for_quality_too() {
 }
 
 /// Drops the blocks of even groups and quantizes the rest, wherever cleaning reaches them.
-#[derive(Debug)]
-struct DropEven;
-
-impl Placement for DropEven {
-    fn on_put(&self, _: &BlockInfo<'_>) -> PutPlan {
-        PutPlan { dram: false }
-    }
-    fn on_load(&self, _: &BlockInfo<'_>) -> bool {
-        false
-    }
-    fn victim(&self, candidates: &[SegmentView]) -> u32 {
-        candidates.iter().min_by_key(|s| s.seq).map_or(0, |s| s.index)
-    }
-    fn cleans(&self) -> bool {
-        true
-    }
-    fn keep(&self, block: &LiveBlock<'_>) -> Keep {
-        match block.group.is_some_and(|g| g % 2 == 0) {
-            true => Keep::Drop,
-            false => Keep::Recompress(q8()),
-        }
+fn drop_even(block: &LiveBlock<'_>) -> Keep {
+    match block.group.is_some_and(|g| g % 2 == 0) {
+        true => Keep::Drop,
+        false => Keep::Recompress(q8()),
     }
 }
 
 #[test]
 fn cleaning_moves_a_pinned_block_as_it_is_whatever_placement_says() {
     let dev = Arc::new(MemDevice::new(SEG * 16));
-    let opts = StoreOptions { placement: Arc::new(DropEven), ..StoreOptions::default() };
+    let opts = StoreOptions { placement: Arc::new(Keeps(drop_even)), ..StoreOptions::default() };
     let store = Store::create_on(dev, &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts).unwrap();
     store.set_policy("lossy", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
     // 40 blocks of 64 KiB: the first segment is sealed full of them, the next one open.

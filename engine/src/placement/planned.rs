@@ -696,6 +696,17 @@ mod tests {
         p.located(key(context, i), context, Some(at(context as u32 * 100 + i)));
     }
 
+    /// A newer, hotter context of 8 blocks (2), put once and twice again a second apart: it takes
+    /// the room of what was there.
+    fn crowd_out(p: &Planned, now: &AtomicU64) {
+        for t in 1..=3 {
+            now.store(1_000 + t * 1_000, Ordering::Relaxed);
+            for i in 0..8 {
+                put(p, 2, i, t == 1);
+            }
+        }
+    }
+
     fn key(context: u64, i: u32) -> KeyId {
         KeyId::new("n", &format!("{context}-{i}"))
     }
@@ -711,12 +722,7 @@ mod tests {
         assert!(p.take_drops().is_empty(), "nothing dropped yet");
         // A newer, hotter context of 8 blocks takes the room: context 1 is dropped, and every
         // key it holds goes to the store with its record, once.
-        for t in 1..=3 {
-            now.store(1_000 + t * 1_000, Ordering::Relaxed);
-            for i in 0..8 {
-                put(&p, 2, i, t == 1);
-            }
-        }
+        crowd_out(&p, &now);
         assert_eq!(p.option_of(1), 2, "dropped");
         let mut dropped = p.take_drops();
         dropped.sort();
@@ -738,12 +744,7 @@ mod tests {
         p.located(key(1, 0), 3, Some(at(900)));
         p.located(key(1, 1), 1, Some(at(901)));
         p.located(key(1, 2), 1, None);
-        for t in 1..=3 {
-            now.store(1_000 + t * 1_000, Ordering::Relaxed);
-            for i in 0..8 {
-                put(&p, 2, i, t == 1);
-            }
-        }
+        crowd_out(&p, &now);
         assert_eq!(p.option_of(1), 2, "dropped");
         let mut dropped = p.take_drops();
         dropped.sort();
