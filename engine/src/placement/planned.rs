@@ -494,6 +494,12 @@ impl Placement for Planned {
         for key in keys {
             state.records.remove(key);
         }
+        // A drop still waiting for the store is of a record in the segment just freed: a later
+        // record of the key could take the same place, and must not go for it.
+        if !state.doomed.is_empty() {
+            let gone: std::collections::HashSet<&KeyId> = keys.iter().collect();
+            state.doomed.retain(|(key, _)| !gone.contains(key));
+        }
     }
 
     fn report_quality(&self, context: u64, observed: f64, drift: f64) -> bool {
@@ -731,6 +737,22 @@ mod tests {
         assert_eq!(dropped, want);
         assert!(p.take_drops().is_empty(), "handed over once");
         assert_eq!(p.option_of(2), 1, "the hot context is kept");
+    }
+
+    #[test]
+    fn a_waiting_drop_of_a_key_reclaim_dropped_is_forgotten() {
+        let (p, now) = planned(400);
+        for i in 0..8 {
+            put(&p, 1, i, true);
+        }
+        crowd_out(&p, &now);
+        assert_eq!(p.option_of(1), 2, "dropped");
+        // Reclaim frees the segment of 1-0 and 1-1 before the store takes the drops: a later
+        // record of either at the same place must not go for them.
+        p.dropped(&[key(1, 0), key(1, 1)]);
+        let dropped = p.take_drops();
+        assert_eq!(dropped.len(), 6);
+        assert!(!dropped.iter().any(|(k, _)| *k == key(1, 0) || *k == key(1, 1)));
     }
 
     #[test]
