@@ -14,7 +14,7 @@ use crate::checkpoint::Checkpoints;
 use crate::clock::Clock;
 use crate::codec::Codecs;
 use crate::error::{Result, StoreError};
-use crate::index::Index;
+use crate::index::{Index, KeyFp};
 use crate::log::{Log, LogState};
 use crate::metrics::Metrics;
 use crate::options::StoreOptions;
@@ -97,6 +97,19 @@ impl Parts {
     /// The index, for changing (in log order, under the log lock).
     pub(crate) fn index_write(&self) -> RwLockWriteGuard<'_, Index> {
         self.index.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Removes `key` from `index` (this store's, write-locked) and, with its block's last key,
+    /// the block's copy in the DRAM tier; whether the key was there.
+    pub(crate) fn unindex_key(&self, index: &mut Index, key: &KeyFp) -> bool {
+        let content = index.key(key).and_then(|k| index.content(k.content)).map(|c| c.fp);
+        if !index.remove_key(key) {
+            return false;
+        }
+        if let Some(fp) = content.filter(|fp| index.content_slot(fp).is_none()) {
+            self.tiers.remove(&fp);
+        }
+        true
     }
 
     /// Syncs the device and writes a checkpoint now. Called under the log lock with no record in

@@ -339,8 +339,7 @@ impl State {
             return;
         }
         for key in self.members.remove(&context).map(|m| m.keys).unwrap_or_default() {
-            if let Some(&(owner, record)) = self.records.get(&key).filter(|(owner, _)| *owner == context) {
-                debug_assert_eq!(owner, context);
+            if let Some(&(_, record)) = self.records.get(&key).filter(|(owner, _)| *owner == context) {
                 self.records.remove(&key);
                 self.doomed.push((key, record));
             }

@@ -59,12 +59,12 @@ impl DroppedKeys {
     }
 }
 
-/// Removes the keys placement dropped since it was last asked; returns how many were found.
+/// Removes the keys placement dropped since it was last asked.
 /// Takes the index's write lock: call it with no lock held.
-pub(crate) fn apply(parts: &Parts) -> u64 {
+pub(crate) fn apply(parts: &Parts) {
     let keys = parts.placement.take_drops();
     if keys.is_empty() {
-        return 0;
+        return;
     }
     // A pinned key stays (a client was promised it); cleaning drops it once it is unpinned, as
     // it drops every block of a dropped context. Taken before the index's lock: a leaf lock.
@@ -74,19 +74,11 @@ pub(crate) fn apply(parts: &Parts) -> u64 {
     for (key, record) in keys.into_iter().filter(|(k, _)| !pinned.contains(&k.0)) {
         // Only the record it was dropped at: a key written again since (put, linked, renamed
         // to), or deleted, expired or reclaimed, keeps what it is now.
-        let Some(entry) = index.key(&key.0).filter(|e| e.record == record).copied() else { continue };
-        let content = index.content(entry.content).map(|c| c.fp);
-        if !index.remove_key(&key.0) {
-            continue;
-        }
-        removed += 1;
-        parts.dropped_keys.insert(key.0);
-        // The block's copy in memory goes with its last key.
-        if let Some(fp) = content.filter(|fp| index.content_slot(fp).is_none()) {
-            parts.tiers.remove(&fp);
+        if index.key(&key.0).is_some_and(|e| e.record == record) && parts.unindex_key(&mut index, &key.0) {
+            removed += 1;
+            parts.dropped_keys.insert(key.0);
         }
     }
     drop(index);
     parts.metrics.planner_dropped_keys.fetch_add(removed, Ordering::Relaxed);
-    removed
 }

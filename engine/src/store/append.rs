@@ -415,13 +415,7 @@ impl Parts {
                 debug_assert!(linked, "link reserved for bytes that are not stored");
             }
             RecordKind::Tombstone => {
-                let content = index.key(&key).and_then(|k| index.content(k.content)).map(|c| c.fp);
-                index.remove_key(&key);
-                if let Some(fp) = content {
-                    if index.content_slot(&fp).is_none() {
-                        self.tiers.remove(&fp);
-                    }
-                }
+                self.unindex_key(&mut index, &key);
             }
             // Only recovery writes these, into summaries; a put never appends one.
             RecordKind::Lost => {}
