@@ -72,6 +72,8 @@ pub(crate) struct LogState {
     pub(crate) closed: bool,
     /// The segment a cleaner is emptying: reclaim leaves it alone meanwhile.
     pub(crate) cleaning: Option<u32>,
+    /// Threads waiting in [`Log::lock_quiet`]: while any is, new reservations wait.
+    quiet_wanted: u32,
 }
 
 impl LogState {
@@ -95,6 +97,7 @@ impl LogState {
             seals_since_checkpoint: 0,
             poisoned: None,
             closed: false,
+            quiet_wanted: 0,
         }
     }
 
@@ -399,6 +402,32 @@ impl Log {
         }
         self.drop_pending(&loc);
         self.written.notify_all();
+    }
+
+    /// The log lock, taken once no reserved record is on its way to the device (or the log is
+    /// poisoned: then nothing more will be written): what a checkpoint needs, so that it
+    /// describes exactly a written prefix of the log. Reservations wait meanwhile
+    /// ([`Log::let_quiet`]), so a stream of puts cannot keep the caller waiting.
+    pub(crate) fn lock_quiet(&self) -> MutexGuard<'_, LogState> {
+        let mut state = self.lock();
+        state.quiet_wanted += 1;
+        while state.open.as_ref().is_some_and(|o| !o.in_flight.is_empty()) && state.poisoned.is_none() {
+            state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.quiet_wanted -= 1;
+        // Reservations waiting in `let_quiet` go on once the caller releases the lock.
+        self.written.notify_all();
+        state
+    }
+
+    /// Before a reservation: waits while a [`Log::lock_quiet`] waits for the records in flight
+    /// to be written. Called holding none of the caller's own records unwritten, or the wait
+    /// would never end.
+    pub(crate) fn let_quiet<'a>(&'a self, mut state: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
+        while state.quiet_wanted > 0 && state.poisoned.is_none() {
+            state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state
     }
 
     /// Waits until no reserved record is on its way to the device any more (or the log is

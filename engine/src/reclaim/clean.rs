@@ -27,7 +27,7 @@ use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
 use kvhoard_kernels::CodecSpec;
 
-use super::{choose_victim, free_victim, sealed_views};
+use super::{choose_victim, free_victim, lock_to_free, sealed_views};
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::codec::stored_codec;
@@ -123,7 +123,7 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     if cleaned.relocated > 0 {
         parts.log.sync_to(last_end)?;
     }
-    let mut state = parts.log.lock();
+    let mut state = lock_to_free(parts, victim);
     state.cleaning = None;
     let still =
         state.segments.get(victim as usize).is_some_and(|s| s.seq == seq && matches!(s.state, SegState::Sealed { .. }));

@@ -41,8 +41,17 @@ pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
 /// Every sealed segment as placement sees it (the one a cleaner is emptying left out, unless it
 /// is the only one), with the units of its records still live.
 pub(crate) fn sealed_views(parts: &Parts, state: &LogState) -> Vec<SegmentView> {
+    let views = every_sealed_view(parts, state);
+    match state.cleaning {
+        Some(c) if views.len() > 1 => views.into_iter().filter(|v| v.index != c).collect(),
+        _ => views,
+    }
+}
+
+/// Every sealed segment as placement sees it, the one a cleaner is emptying included.
+fn every_sealed_view(parts: &Parts, state: &LogState) -> Vec<SegmentView> {
     let live = parts.index_read().live_units(state.segments.len());
-    let views: Vec<SegmentView> = state
+    let views = state
         .segments
         .iter()
         .enumerate()
@@ -57,31 +66,49 @@ pub(crate) fn sealed_views(parts: &Parts, state: &LogState) -> Vec<SegmentView> 
             _ => None,
         })
         .collect();
-    match state.cleaning {
-        Some(c) if views.len() > 1 => views.into_iter().filter(|v| v.index != c).collect(),
-        _ => views,
-    }
+    views
 }
 
 /// Drops what `victim` holds from the index and the tiers and frees it durably (see
 /// [`reclaim`] for the order that keeps drops from coming back).
 pub(crate) fn free_victim(parts: &Parts, state: &mut LogState, sealed: &[SegmentView], victim: u32) -> Result<()> {
-    let oldest = Fifo::oldest(sealed).unwrap_or(victim);
+    let checkpoint_first = needs_checkpoint(parts, sealed, victim);
     parts.log.mark_free(state, victim);
     let dropped = parts.index_write().drop_segment(victim);
     parts.tiers.drop_segment(victim);
-    if victim != oldest {
-        let views: Vec<SealedSegment> =
-            sealed.iter().map(|s| SealedSegment { index: s.index, seq: s.seq, end_unit: s.end_unit }).collect();
-        if !parts.checkpoints.cover_through(&views, victim) {
-            parts.checkpoint_now(state)?;
-        }
+    if checkpoint_first {
+        parts.checkpoint_now(state)?;
     }
     parts.log.erase_segment_header(state, victim)?;
     parts.metrics.count_eviction(&dropped);
     parts.placement.dropped(&dropped.key_ids);
     tracing::debug!(segment = victim, keys = dropped.keys, blocks = dropped.blocks, "segment reclaimed");
     Ok(())
+}
+
+/// Whether freeing `victim` needs a checkpoint first: unless it is the oldest of `sealed`, it
+/// could hold the newest version of a key whose older version replay would otherwise bring
+/// back from an older segment, unless the newest checkpoint covers it and every older one.
+fn needs_checkpoint(parts: &Parts, sealed: &[SegmentView], victim: u32) -> bool {
+    if Fifo::oldest(sealed).unwrap_or(victim) == victim {
+        return false;
+    }
+    let views: Vec<SealedSegment> =
+        sealed.iter().map(|s| SealedSegment { index: s.index, seq: s.seq, end_unit: s.end_unit }).collect();
+    !parts.checkpoints.cover_through(&views, victim)
+}
+
+/// Takes the log lock to free `victim`, a segment a cleaner emptied (its mark still set).
+/// When freeing it writes a checkpoint, the lock is taken once no other writer's record is in
+/// flight ([`crate::log::Log::lock_quiet`]): a checkpoint describes a written prefix of the log.
+pub(crate) fn lock_to_free(parts: &Parts, victim: u32) -> std::sync::MutexGuard<'_, LogState> {
+    let state = parts.log.lock();
+    let quiet = |s: &LogState| s.open.as_ref().is_none_or(|o| o.in_flight.is_empty());
+    if quiet(&state) || !needs_checkpoint(parts, &every_sealed_view(parts, &state), victim) {
+        return state;
+    }
+    drop(state);
+    parts.log.lock_quiet()
 }
 
 /// Placement's choice among the sealed segments that hold no pinned key's records; among all of

@@ -219,7 +219,7 @@ impl Parts {
     /// write jobs and how many items were reserved. Stops early rather than seal a segment that
     /// holds this call's own unwritten records.
     pub(crate) fn reserve(&self, items: &mut [Prepared<'_>]) -> Result<(Vec<WriteJob>, usize)> {
-        let mut state = self.log.lock();
+        let mut state = self.log.let_quiet(self.log.lock());
         state.writable()?;
         let mut jobs = Vec::with_capacity(items.len());
         for (done, item) in items.iter_mut().enumerate() {
@@ -249,6 +249,9 @@ impl Parts {
                         if outcome.checkpoint_due {
                             self.checkpoints.snapshot_in_background(&mut state, &self.index, &self.log, &self.clock);
                         }
+                        // (This call holds no record unwritten: `jobs` is empty.)
+                        state = self.log.let_quiet(state);
+                        state.writable()?;
                         continue;
                     }
                     None => {
