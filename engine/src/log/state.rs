@@ -404,8 +404,9 @@ impl Log {
         self.written.notify_all();
     }
 
-    /// The log lock, taken once no reserved record is on its way to the device (or the log is
-    /// poisoned: then nothing more will be written): what a checkpoint needs, so that it
+    /// The log lock, taken once no reserved record is on its way to the device, or once the log
+    /// is poisoned (the caller must check: records may still be on their way then, and nothing
+    /// may be checkpointed or freed): what a checkpoint needs, so that it
     /// describes exactly a written prefix of the log. Reservations wait meanwhile
     /// ([`Log::let_quiet`]), so a stream of puts cannot keep the caller waiting.
     pub(crate) fn lock_quiet(&self) -> MutexGuard<'_, LogState> {

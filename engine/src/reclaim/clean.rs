@@ -71,12 +71,16 @@ struct Relocation {
     recode: Option<CodecSpec>,
 }
 
-/// Clears the segment's cleaning mark however cleaning ends.
-struct CleaningMark<'a>(&'a Parts);
+/// Clears the segment's cleaning mark however cleaning ends, unless another cleaning has
+/// marked its own segment since this one ended.
+struct CleaningMark<'a>(&'a Parts, u32);
 
 impl Drop for CleaningMark<'_> {
     fn drop(&mut self) {
-        self.0.log.lock().cleaning = None;
+        let mut state = self.0.log.lock();
+        if state.cleaning == Some(self.1) {
+            state.cleaning = None;
+        }
     }
 }
 
@@ -103,7 +107,7 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
         state.cleaning = Some(victim);
         (victim, seq)
     };
-    let _mark = CleaningMark(parts);
+    let _mark = CleaningMark(parts, victim);
     let plan = plan(parts, victim, seq)?;
     // Contexts placement dropped while it was asked about this segment's blocks go now, here
     // and wherever else their blocks are.
@@ -125,6 +129,9 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     }
     let mut state = lock_to_free(parts, victim);
     state.cleaning = None;
+    // A write failed, or the store closed, while this cleaning ran: the log takes no checkpoint
+    // and frees nothing more (records may still be on their way to the device).
+    state.writable()?;
     let still =
         state.segments.get(victim as usize).is_some_and(|s| s.seq == seq && matches!(s.state, SegState::Sealed { .. }));
     if !still {
