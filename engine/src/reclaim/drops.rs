@@ -60,7 +60,7 @@ impl DroppedKeys {
 }
 
 /// Removes the keys placement dropped since it was last asked.
-/// Takes the index's write lock: call it with no lock held.
+/// Takes the log lock and the index's write lock: call it with no lock held.
 pub(crate) fn apply(parts: &Parts) {
     let keys = parts.placement.take_drops();
     if keys.is_empty() {
@@ -70,6 +70,9 @@ pub(crate) fn apply(parts: &Parts) {
     // it drops every block of a dropped context. Taken before the index's lock: a leaf lock.
     let pinned: HashSet<KeyFp> = parts.pins.live(parts.clock.now_unix_ms()).into_iter().collect();
     let mut removed = 0;
+    // Under the log lock, as every change a record makes: a put that found the bytes it links
+    // to stored, and reserved its link, applies it before this can take the bytes' last key.
+    let log = parts.log.lock();
     let mut index = parts.index_write();
     for (key, record) in keys.into_iter().filter(|(k, _)| !pinned.contains(&k.0)) {
         // Only the record it was dropped at: a key written again since (put, linked, renamed
@@ -80,5 +83,6 @@ pub(crate) fn apply(parts: &Parts) {
         }
     }
     drop(index);
+    drop(log);
     parts.metrics.planner_dropped_keys.fetch_add(removed, Ordering::Relaxed);
 }
