@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvhoard_engine::check::{check_device, ScanOptions, Severity};
-use kvhoard_engine::device::{CrashMode, MemDevice};
+use kvhoard_engine::device::{CrashMode, FaultKind, MemDevice};
 use kvhoard_engine::placement::load_model::LoadModel;
 use kvhoard_engine::placement::planner::{DramChoice, PlannerConfig, StoreOption};
 use kvhoard_engine::placement::{Planned, PlannedConfig};
 use kvhoard_engine::{
-    AlignedBuf, Clock, CodecSpec, CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Store, StoreOptions,
-    WriterConfig,
+    AlignedBuf, Clock, CodecSpec, CreateOptions, Durability, IoBackend, PutOptions, ReadOptions, Result, Store,
+    StoreOptions, WriterConfig,
 };
 use kvhoard_tests::{block, Rng};
 
@@ -179,7 +179,7 @@ fn run(io_backend: IoBackend, dram_tier_bytes: u64) {
             for w in writers.iter_mut() {
                 let (store, model, done) = (&store, &model, &done);
                 let seed = u64::from(round * 100 + w.t);
-                threads.push(s.spawn(move || w.run(store, model, seed, OPS, done)));
+                threads.push(s.spawn(move || w.run(store, model, seed, OPS, done).unwrap()));
             }
             for r in 0..READERS {
                 let (store, model, done) = (&store, &model, &done);
@@ -263,34 +263,36 @@ impl Writer {
 
     /// `ops` ops on the writer's own keys, or until `stop`: puts of one key or of a whole
     /// context as a batch, copies of another key's value (the store links them), renames,
-    /// deletes, pins and unpins.
-    fn run(&mut self, store: &Store, model: &Model, seed: u64, ops: u32, stop: &AtomicBool) {
+    /// deletes, pins and unpins. Stops at the first op that fails (a version it was writing
+    /// may be there or not).
+    fn run(&mut self, store: &Store, model: &Model, seed: u64, ops: u32, stop: &AtomicBool) -> Result<()> {
         let t = self.t;
         let mut rng = Rng::new(seed);
         for _ in 0..ops {
             if stop.load(Ordering::Relaxed) {
-                return;
+                return Ok(());
             }
             let i = rng.below(u64::from(KEYS)) as u32;
             let other = rng.below(u64::from(KEYS)) as u32;
             let durability = [Durability::Buffered, Durability::Written, Durability::Synced][rng.below(3) as usize];
             let opts = PutOptions { durability, group: Some(group(t, i)), ..PutOptions::default() };
-            let put = |w: &mut Writer, i: u32, origin: Option<Origin>| {
-                let Some((version, bytes)) = w.next(model, i, origin) else { return };
-                store.put("default", &key(t, i), &bytes, &opts).unwrap();
+            let put = |w: &mut Writer, i: u32, origin: Option<Origin>| -> Result<()> {
+                let Some((version, bytes)) = w.next(model, i, origin) else { return Ok(()) };
+                store.put("default", &key(t, i), &bytes, &opts)?;
                 model.ack(t, i, version, durability);
+                Ok(())
             };
             match rng.below(20) {
                 0..=1 => {
-                    store.delete("default", &key(t, i), durability).unwrap();
+                    store.delete("default", &key(t, i), durability)?;
                     self.deleted[i as usize] = true;
                     model.ack(t, i, self.versions[i as usize] | DELETED, durability);
                 }
                 2 => {
-                    store.pin("default", &key(t, i)).unwrap();
+                    store.pin("default", &key(t, i))?;
                 }
                 3 => {
-                    store.unpin("default", &key(t, i)).unwrap();
+                    store.unpin("default", &key(t, i))?;
                 }
                 4..=8 => {
                     let first = i - i % PER_CONTEXT;
@@ -300,20 +302,20 @@ impl Writer {
                     let names: Vec<String> = blocks.iter().map(|(i, _, _)| key(t, *i)).collect();
                     let items: Vec<(&str, &[u8])> =
                         names.iter().zip(&blocks).map(|(k, (_, _, b))| (k.as_str(), b.as_slice())).collect();
-                    store.put_batch("default", &items, &opts).unwrap();
+                    store.put_batch("default", &items, &opts)?;
                     for (i, v, _) in &blocks {
                         model.ack(t, *i, *v, durability);
                     }
                 }
                 9..=11 => match self.holds(model, other) {
-                    Some(origin) if other != i => put(self, i, Some(origin)),
-                    _ => put(self, i, None),
+                    Some(origin) if other != i => put(self, i, Some(origin))?,
+                    _ => put(self, i, None)?,
                 },
                 12..=13 => {
                     let Some(origin) = self.holds(model, other).filter(|_| other != i) else { continue };
                     let before = (self.versions[i as usize], self.deleted[i as usize]);
                     let Some((version, _)) = self.next(model, i, Some(origin)) else { continue };
-                    if store.rename("default", &key(t, other), &key(t, i), durability).unwrap() {
+                    if store.rename("default", &key(t, other), &key(t, i), durability)? {
                         model.ack(t, i, version, durability);
                         model.renamed.fetch_add(1, Ordering::Relaxed);
                         self.deleted[other as usize] = true;
@@ -325,9 +327,10 @@ impl Writer {
                         (self.versions[i as usize], self.deleted[i as usize]) = before;
                     }
                 }
-                _ => put(self, i, None),
+                _ => put(self, i, None)?,
             }
         }
+        Ok(())
     }
 }
 
@@ -397,7 +400,9 @@ fn threads_on_a_full_planned_volume_on_pread_agree_with_the_model() {
 
 /// The in-memory device crashed at a random moment while four writers fill a planned volume
 /// whose cleaner is at work (the planner dropping contexts, the cleaner relocating and freeing
-/// segments, checkpoints written as it frees them): the image opens, fsck finds no error, and
+/// segments, checkpoints written as it frees them), in half the runs after a write failed
+/// (the store refuses writes from then on; the writers stop): the image opens, fsck finds no
+/// error, and
 /// every key reads as a miss or an intact value no older than its last acknowledged durable
 /// state (every acknowledged state, in a crash that keeps all written bytes); a key whose
 /// delete was acknowledged as durable does not come back unless a later put does.
@@ -409,7 +414,7 @@ fn a_crash_of_a_full_planned_volume_under_concurrent_writers_keeps_every_rule() 
     });
     println!("seed {seed} (set KVHOARD_CRASH_SEED={seed} to replay)");
     let mut rng = Rng::new(seed);
-    let mut cleaned = 0;
+    let (mut cleaned, failed) = (0, AtomicU64::new(0));
     for iteration in 0..iterations {
         let planner = planner();
         let writer = WriterConfig { in_flight_bytes: 1 << 20, request_bytes: 256 << 10 };
@@ -418,13 +423,21 @@ fn a_crash_of_a_full_planned_volume_under_concurrent_writers_keeps_every_rule() 
         let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
         let store = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
         planner.set_budget(store.stats().capacity_bytes * 6 / 10);
+        let fault = rng.below(2) == 0;
+        if fault {
+            dev.fail_nth(FaultKind::Write, 200 + rng.below(3000));
+        }
         let model = Model::new();
         let stop = AtomicBool::new(false);
         let (mode, image, floors) = std::thread::scope(|s| {
             for t in 0..WRITERS {
-                let (store, model, stop) = (&store, &model, &stop);
+                let (store, model, stop, failed) = (&store, &model, &stop, &failed);
                 let seed = rng.next_u64();
-                s.spawn(move || Writer::new(t).run(store, model, seed, u32::MAX, stop));
+                s.spawn(move || {
+                    let ran = Writer::new(t).run(store, model, seed, u32::MAX, stop);
+                    assert!(fault || ran.is_ok(), "{ran:?}");
+                    failed.fetch_add(u64::from(ran.is_err()), Ordering::Relaxed);
+                });
             }
             std::thread::sleep(std::time::Duration::from_millis(300 + rng.below(900)));
             let mode = match rng.below(3) {
@@ -442,17 +455,30 @@ fn a_crash_of_a_full_planned_volume_under_concurrent_writers_keeps_every_rule() 
             (mode, image, floors)
         });
         cleaned += store.stats().segments_cleaned;
-        store.close().unwrap();
+        let closed = store.close();
+        assert!(fault || closed.is_ok(), "{closed:?}");
         let image = Arc::new(image);
         let report = check_device(image.as_ref(), ScanOptions::default()).unwrap();
-        assert_eq!(report.count(Severity::Error), 0, "iteration {iteration} ({mode:?}): {:#?}", report.problems);
-        let reopened = Store::open_on(image, opts).unwrap_or_else(|e| panic!("iteration {iteration} ({mode:?}): {e}"));
+        assert_eq!(
+            report.count(Severity::Error),
+            0,
+            "iteration {iteration} ({mode:?}, fault {fault}): {:#?}",
+            report.problems
+        );
+        let reopened = Store::open_on(image, opts)
+            .unwrap_or_else(|e| panic!("iteration {iteration} ({mode:?}, fault {fault}): {e}"));
         for t in 0..WRITERS {
             for i in 0..KEYS {
                 let Some(b) = reopened.get("default", &key(t, i), ReadOptions { verify_hash: true }).unwrap() else {
                     continue;
                 };
-                let name = format!("iteration {iteration} ({mode:?}): {}", key(t, i));
+                let name = format!(
+                    "iteration {iteration} ({mode:?}, fault {fault}): {} (its history {:?}; acked {:x}, written {:x})",
+                    key(t, i),
+                    model.history(t, i),
+                    model.acked(t, i),
+                    model.written[t as usize][i as usize].load(Ordering::SeqCst)
+                );
                 assert_new_enough(&name, floors[t as usize][i as usize], model.version_of(t, i, &b));
             }
         }
@@ -461,4 +487,5 @@ fn a_crash_of_a_full_planned_volume_under_concurrent_writers_keeps_every_rule() 
         reopened.put("default", "after", b"x", &synced).unwrap();
     }
     assert!(cleaned > 0, "no crash came after the cleaner had emptied a segment");
+    assert!(iterations < 8 || failed.into_inner() > 0, "no write failed");
 }
