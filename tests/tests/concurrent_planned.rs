@@ -262,8 +262,8 @@ impl Writer {
     }
 
     /// `ops` ops on the writer's own keys, or until `stop`: puts of one key or of a whole
-    /// context as a batch, copies of another key's value (the store links them), renames,
-    /// deletes, pins and unpins. Stops at the first op that fails (a version it was writing
+    /// context as a batch (some with a TTL of seconds), copies of another key's value (the
+    /// store links them), renames, deletes, pins and unpins. Stops at the first op that fails (a version it was writing
     /// may be there or not).
     fn run(&mut self, store: &Store, model: &Model, seed: u64, ops: u32, stop: &AtomicBool) -> Result<()> {
         let t = self.t;
@@ -275,7 +275,9 @@ impl Writer {
             let i = rng.below(u64::from(KEYS)) as u32;
             let other = rng.below(u64::from(KEYS)) as u32;
             let durability = [Durability::Buffered, Durability::Written, Durability::Synced][rng.below(3) as usize];
-            let opts = PutOptions { durability, group: Some(group(t, i)), ..PutOptions::default() };
+            // A quarter of the puts expire within seconds.
+            let ttl_secs = (rng.below(4) == 0).then(|| 1 + rng.below(3) as u32);
+            let opts = PutOptions { durability, ttl_secs, group: Some(group(t, i)), ..PutOptions::default() };
             let put = |w: &mut Writer, i: u32, origin: Option<Origin>| -> Result<()> {
                 let Some((version, bytes)) = w.next(model, i, origin) else { return Ok(()) };
                 store.put("default", &key(t, i), &bytes, &opts)?;
