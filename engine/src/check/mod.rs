@@ -22,7 +22,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::index::{key_fp, ContentFp, Index, KeyFp};
 use crate::log::Loc;
-use crate::recovery::Replay;
+use crate::recovery::apply;
 use scan::{HeaderState, SegmentScan, SummaryState, VolumeScan};
 
 pub use scan::{scan_volume, ScanError, ScanOptions};
@@ -368,10 +368,10 @@ pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
         let now = *seqs.get(i as usize)?;
         (c.seq != 0 && c.seq == now).then_some((c.sealed, c.end_unit))
     };
-    let mut replay = Replay::new(match cp {
+    let mut index = match cp {
         Some(cp) => Index::from_checkpoint(cp, |i| covered(i).is_some()),
         None => Index::default(),
-    });
+    };
     let seq_of = |segment: u32| seqs.get(segment as usize).copied().unwrap_or(0);
     let mut order: Vec<&SegmentScan> = scan.segments.iter().filter(|s| s.seq().is_some()).collect();
     order.sort_by_key(|s| s.seq());
@@ -402,11 +402,11 @@ pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
             }
         };
         for e in entries.iter().filter(|e| e.unit >= from) {
-            replay.apply(seg.index, e, &seq_of);
+            apply(&mut index, seg.index, e, &seq_of);
             replayed += 1;
         }
     }
-    (replay.finish(), replayed)
+    (index, replayed)
 }
 
 /// Where each key's name is, for reports: fingerprint → (namespace, key).

@@ -7,7 +7,10 @@
 //! never loses a kept block, and freeing is reclaim's (drops leave the index first, a checkpoint
 //! covers a victim that is not the oldest, the header is zeroed and synced), so a drop never comes
 //! back. Each relocation is written only if its key still names the same block when it is
-//! reserved: a key written or deleted meanwhile keeps its newer state. A recompressed block is the
+//! reserved: a key written or deleted meanwhile keeps its newer state. A relocated block is
+//! followed by the links to it that other segments hold, written again: replay resolves a link
+//! only if its bytes are stored by then, and once the victim is freed the block's one record
+//! lies past those links. A recompressed block is the
 //! same block (same name, description, group, TTL) in another form, written under the same
 //! condition; only a block that one key names is recompressed (the others that name it would
 //! lose it with the segment; checked again when its record is reserved), a block stored lossy is
@@ -257,26 +260,59 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
                     parts.placement.keep(&block) != Keep::Drop
                 }))
     });
-    if !orphans.is_empty() {
-        let mut holders: HashMap<u32, Loc> = HashMap::new();
-        for k in index.keys().filter(|k| orphans.contains_key(&k.content) && !is_expired(k, now_s)) {
-            holders.entry(k.content).or_insert(k.record);
+    // The keys elsewhere in the log that link to a block relocated: their links are written
+    // again after it. Recovery replays a link only while its bytes are stored, and once the
+    // victim is freed, the block's only record would lie past those links (a key named by a
+    // link it cannot resolve is a miss: the bytes may have been dropped, and stored again by
+    // another key since). One pass over the index, only when a relocated block is shared.
+    let shared: HashSet<u32> = kept_slots
+        .iter()
+        .copied()
+        .filter(|s| index.content(*s).is_some_and(|c| c.refs > 1))
+        .chain(orphans.keys().copied())
+        .collect();
+    let mut holders: HashMap<u32, Loc> = HashMap::new();
+    let mut elsewhere: Vec<(Loc, ContentFp)> = Vec::new();
+    if !shared.is_empty() {
+        for k in index.keys().filter(|k| shared.contains(&k.content) && !is_expired(k, now_s)) {
+            if orphans.contains_key(&k.content) && !holders.contains_key(&k.content) {
+                holders.insert(k.content, k.record);
+            } else if k.record.segment != victim {
+                // (A link in the victim is relocated above, if placement keeps it.)
+                if let Some(c) = index.content(k.content) {
+                    elsewhere.push((k.record, c.fp));
+                }
+            }
         }
-        drop(index);
-        for (slot, (loc, block_header)) in orphans {
-            let Some(own) = holders.get(&slot) else { continue };
-            // The holder's name is in its own record's header.
-            let Some(holder) = parts.header_at(*own)? else { continue };
-            blocks.push(Relocation {
-                namespace: holder.namespace.clone(),
-                key: holder.key.clone(),
-                kfp: key_fp(&holder.namespace, &holder.key),
-                content: header_fp(&block_header),
-                block_at: Some(loc),
-                header: block_header,
-                recode: None,
-            });
-        }
+    }
+    drop(index);
+    for (slot, (loc, block_header)) in orphans {
+        let Some(own) = holders.get(&slot) else { continue };
+        // The holder's name is in its own record's header.
+        let Some(holder) = parts.header_at(*own)? else { continue };
+        blocks.push(Relocation {
+            namespace: holder.namespace.clone(),
+            key: holder.key.clone(),
+            kfp: key_fp(&holder.namespace, &holder.key),
+            content: header_fp(&block_header),
+            block_at: Some(loc),
+            header: block_header,
+            recode: None,
+        });
+    }
+    for (record, content) in elsewhere {
+        let Some(h) = parts.header_at(record)?.filter(|h| h.kind == RecordKind::Link && header_fp(h) == content) else {
+            continue;
+        };
+        links.push(Relocation {
+            namespace: h.namespace.clone(),
+            key: h.key.clone(),
+            kfp: key_fp(&h.namespace, &h.key),
+            content,
+            block_at: None,
+            header: h,
+            recode: None,
+        });
     }
     blocks.extend(links);
     Ok(blocks)

@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use kvhoard_format::checkpoint::{Checkpoint, SegmentState};
+use kvhoard_format::record::RecordKind;
 use kvhoard_format::segment::SegmentHeader;
 use kvhoard_format::summary::{self, SummaryEntry};
 use kvhoard_format::superblock::Superblock;
@@ -16,18 +17,16 @@ use crate::buffer::AlignedBuf;
 use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
-use crate::index::Index;
+use crate::index::{header_fp, key_fp, ContentEntry, Index};
 use crate::log::probe::look_past;
 use crate::log::scan::read_summary;
 use crate::log::seal::write_seal;
-use crate::log::{OpenSeg, SegInfo, SegState};
+use crate::log::{Loc, OpenSeg, Pos, SegInfo, SegState};
 
 pub(crate) mod headers;
-pub(crate) mod replay;
 pub(crate) mod settle;
 
 use headers::{read_header, HeaderRead};
-pub(crate) use replay::Replay;
 use settle::settle;
 
 /// What opening the volume found and did.
@@ -164,10 +163,10 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         let now = *seqs.get(i as usize)?;
         (c.seq != 0 && c.seq == now).then_some((c.sealed, c.end_unit))
     };
-    let mut replay = Replay::new(match &cp {
+    let mut index = match &cp {
         Some(cp) => Index::from_checkpoint(cp, |i| covered(i).is_some()),
         None => Index::default(),
-    });
+    };
     let mut unsealed = Vec::new();
     let mut order: Vec<u32> =
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
@@ -189,7 +188,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         match read_summary(dev, sb, i, seq)? {
             Ok((entries, end_unit)) => {
                 for e in entries.iter().filter(|e| e.unit >= from_unit) {
-                    replay.apply(i, e, &seq_of);
+                    apply(&mut index, i, e, &seq_of);
                     report.records_replayed += 1;
                 }
                 set_sealed(&mut segments, i, end_unit);
@@ -201,7 +200,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
                 let boot = boots.get(i as usize).copied().unwrap_or(0);
                 let settled = settle(dev, sb, i, seq, boot != 0 && boot == dev.boot())?;
                 for e in settled.entries.iter().filter(|e| e.unit >= from_unit) {
-                    replay.apply(i, e, &seq_of);
+                    apply(&mut index, i, e, &seq_of);
                     report.records_replayed += 1;
                 }
                 unsealed.push((i, seq, settled));
@@ -242,7 +241,6 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     if wrote {
         dev.sync()?;
     }
-    let index = replay.finish();
     let resumable = if open.is_none() { resumable(dev, sb, &segments)? } else { None };
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     let next_checkpoint_seq = cp.as_ref().map_or(1, |c: &Checkpoint| c.checkpoint_seq + 1);
@@ -352,6 +350,52 @@ fn seal_recovered(
     }
     write_seal(dev, sb, i, seq, end_unit, &bytes, entries.len() as u32)?;
     Ok(())
+}
+
+/// Applies one record to the index, as the store did when it wrote it. `seq_of` gives the seq of
+/// each segment's current use (a `Lost` entry voids keys by log position).
+pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &dyn Fn(u32) -> u64) {
+    let h = &e.header;
+    if h.kind == RecordKind::Lost {
+        let at = Pos { seq: h.segment_seq, unit: e.unit };
+        let voided = index.void_keys(|k| Pos { seq: seq_of(k.record.segment), unit: k.record.unit } < at);
+        tracing::warn!(segment, unit = e.unit, voided, "a lost record voids every key written before it");
+        return;
+    }
+    let Some(ns) = index.ns_id_or_insert(&h.namespace) else {
+        tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
+        return;
+    };
+    let key = key_fp(&h.namespace, &h.key);
+    let loc = Loc { segment, unit: e.unit };
+    let expires = expiry(h.created_unix_ms, h.ttl_secs);
+    match h.kind {
+        RecordKind::Block => {
+            let units = (h.record_bytes() / UNIT_BYTES) as u32;
+            let block = ContentEntry {
+                fp: header_fp(h),
+                record: loc,
+                units,
+                raw_len: h.raw_len as u32,
+                refs: 0,
+                ns,
+                codec: kvhoard_kernels::codec_class(&h.compression),
+            };
+            index.apply_block(key, block, expires);
+        }
+        RecordKind::Link => {
+            // The link is the key's newest record so far: if its bytes are not stored (their
+            // segment was reclaimed), the key is a miss, never the version it named before.
+            // Cleaning writes the links to a block it relocates again after it.
+            if !index.apply_link(ns, key, header_fp(h), loc, expires) {
+                index.remove_key(&key);
+            }
+        }
+        RecordKind::Tombstone => {
+            index.remove_key(&key);
+        }
+        RecordKind::Lost => {}
+    }
 }
 
 /// Unix seconds at which a record with this creation time and TTL expires; 0 = never.

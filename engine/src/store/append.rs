@@ -414,8 +414,14 @@ impl Parts {
                 index.apply_block(key, block, expires);
             }
             RecordKind::Link => {
+                // Reserved under the log lock right after its bytes were found stored, and
+                // nothing takes a key out of the index without that lock.
                 let linked = index.apply_link(ns, key, content, loc, expires);
                 debug_assert!(linked, "link reserved for bytes that are not stored");
+                if !linked {
+                    // As recovery replays it: the key's newest record names bytes not stored.
+                    self.unindex_key(&mut index, &key);
+                }
             }
             RecordKind::Tombstone => {
                 self.unindex_key(&mut index, &key);
