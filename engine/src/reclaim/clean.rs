@@ -72,6 +72,9 @@ struct Relocation {
     header: RecordHeader,
     /// The codec placement asked the block to be written with (`None`: as it is).
     recode: Option<CodecSpec>,
+    /// For a block kept under a key that links to it (its writer's key names it no more): that
+    /// key's own record, whose TTL, group and parent the new record takes.
+    holder: Option<RecordHeader>,
 }
 
 /// Clears the segment's cleaning mark however cleaning ends, unless another cleaning has
@@ -240,6 +243,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             block_at,
             header: h.clone(),
             recode,
+            holder: None,
         };
         if c.record == loc {
             kept_slots.push(k.content);
@@ -298,6 +302,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             block_at: Some(loc),
             header: block_header,
             recode: None,
+            holder: Some(holder),
         });
     }
     for (record, content) in elsewhere {
@@ -312,6 +317,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             block_at: None,
             header: h,
             recode: None,
+            holder: None,
         });
     }
     blocks.extend(links);
@@ -334,7 +340,10 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     let mut header = r.header.clone();
     header.namespace = r.namespace.clone();
     header.key = r.key.clone();
-    header.ttl_secs = remaining_ttl(r.header.created_unix_ms, r.header.ttl_secs, now);
+    let named = r.holder.as_ref().unwrap_or(&r.header);
+    header.ttl_secs = remaining_ttl(named.created_unix_ms, named.ttl_secs, now);
+    header.group_id = named.group_id;
+    header.parent_hash = named.parent_hash;
     header.created_unix_ms = now;
     header.segment_seq = 0;
     let Some(loc) = r.block_at else {

@@ -1412,3 +1412,41 @@ fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
     }
     std::mem::forget(s);
 }
+
+/// A block whose writer's key names it no more, kept by cleaning for a key that links to it, is
+/// written under that key with that key's TTL and group, not its writer's.
+#[test]
+fn a_block_kept_for_a_key_linked_to_it_keeps_that_keys_ttl_and_group() {
+    let dev = Arc::new(MemDevice::new(SEG * 10));
+    let clock = Clock::system();
+    let opts = StoreOptions {
+        placement: Arc::new(crate::placement::Lru::new(clock.clone())),
+        clock,
+        ..StoreOptions::default()
+    };
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
+    let shared = block(1, 300_000);
+    s.put("default", "x", &shared, &PutOptions { group: Some(1), ..synced() }).unwrap();
+    for i in 0..4 {
+        s.put("default", &format!("fill{i}"), &block(1000 + i, 200_000), &synced()).unwrap();
+    }
+    let linked = PutOptions { ttl_secs: Some(3600), group: Some(2), ..synced() };
+    s.put("default", "k", &shared, &linked).unwrap();
+    // "x" moves on: the block in segment 0 is named only by "k"'s link.
+    s.put("default", "x", &block(2, 1000), &synced()).unwrap();
+    for i in 4..9 {
+        s.put("default", &format!("fill{i}"), &block(1000 + i, 200_000), &synced()).unwrap();
+    }
+    assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
+    let mut cleaned = Vec::new();
+    while !cleaned.contains(&0) {
+        cleaned.push(s.clean_now().unwrap().expect("a segment to clean"));
+        assert!(cleaned.len() < 8, "segment 0 was never cleaned: {cleaned:?}");
+    }
+    let meta = s.meta("default", "k").unwrap().expect("k kept");
+    assert_ne!(meta.location.segment, 0, "relocated");
+    assert_eq!(meta.group_id, Some(2));
+    assert!((3500..=3600).contains(&meta.ttl_secs), "ttl {}", meta.ttl_secs);
+    assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
+}
