@@ -76,14 +76,18 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    // Empty blocks are all alike whatever the seed: give them one seed.
-    let value = (any::<u8>(), prop_oneof![Just(0u32), 1u32..5000, 5000u32..150_000]).prop_map(|(seed, len)| {
-        if len == 0 {
-            (0, 0)
-        } else {
-            (seed, len)
-        }
-    });
+    // Empty blocks are all alike whatever the seed: give them one seed. A quarter of the values
+    // come from a pool of three, so that keys often share their bytes (links).
+    let value = prop_oneof![
+        3 => (any::<u8>(), prop_oneof![Just(0u32), 1u32..5000, 5000u32..150_000]).prop_map(|(seed, len)| {
+            if len == 0 {
+                (0, 0)
+            } else {
+                (seed, len)
+            }
+        }),
+        1 => (0u8..3).prop_map(|seed| (seed, 70_000u32)),
+    ];
     prop_oneof![
         6 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
         1 => (proptest::collection::vec(0..KEYS, 1..5), value.clone()).prop_map(|(keys, value)| Op::PutBatch { keys, value }),
@@ -102,7 +106,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Operations that fill a small volume: large puts, many pins.
 fn op_filling() -> impl Strategy<Value = Op> {
-    let value = (any::<u8>(), 150_000u32..300_000);
+    // A quarter from a pool of three, so that keys often share their bytes (links).
+    let value = prop_oneof![3 => (any::<u8>(), 150_000u32..300_000), 1 => (0u8..3).prop_map(|seed| (seed, 200_000u32))];
     prop_oneof![
         4 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
         2 => (0..KEYS, value, 0..3u8).prop_map(|(key, value, group)| Op::PutGrouped { key, value, group }),
@@ -297,6 +302,9 @@ impl Model {
             _ => false,
         });
         let Some(value) = matched else {
+            if std::env::var_os("KVHOARD_MODEL_TRACE").is_some() {
+                eprintln!("FAILED key {key}");
+            }
             return Err(TestCaseError::fail(format!(
                 "key {key}: read {:?}, allowed {allowed:?}",
                 got.map(|b| (b.len(), b.get(..8).map(<[u8]>::to_vec)))
@@ -435,7 +443,14 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
         }
     };
     let mut model = Model::default();
+    let trace = std::env::var_os("KVHOARD_MODEL_TRACE").is_some();
+    if trace {
+        eprintln!("RUN");
+    }
     for op in ops {
+        if trace {
+            eprintln!("OP {op:?}");
+        }
         now.fetch_add(1_000, std::sync::atomic::Ordering::Relaxed);
         // Keys reclaim dropped during the operation. A single put or delete reclaims before it
         // writes anything, so its own key's drop is of the old value; a batch or a rename may

@@ -372,6 +372,7 @@ pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
         Some(cp) => Index::from_checkpoint(cp, |i| covered(i).is_some()),
         None => Index::default(),
     };
+    index.replaying(true);
     let seq_of = |segment: u32| seqs.get(segment as usize).copied().unwrap_or(0);
     let mut order: Vec<&SegmentScan> = scan.segments.iter().filter(|s| s.seq().is_some()).collect();
     order.sort_by_key(|s| s.seq());
@@ -406,6 +407,7 @@ pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
             replayed += 1;
         }
     }
+    index.replaying(false);
     (index, replayed)
 }
 

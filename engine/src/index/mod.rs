@@ -107,6 +107,8 @@ pub struct Index {
     names: Vec<String>,
     ids: HashMap<String, u16>,
     counters: Vec<NsCounters>,
+    /// While replaying (see [`Index::replaying`]): blocks no key names stay known.
+    replaying: bool,
 }
 
 impl Index {
@@ -328,6 +330,26 @@ impl Index {
     }
 
     /// A key stopped referring to its block.
+    /// Starts or ends a replay of records. While replaying, a block no key names any more
+    /// stays known until the replay ends: cleaning writes again a link it relocates after the
+    /// records that kept its block named in the store's own order (another key's later write
+    /// may move that key off the block before the link's new record), so at that point of the
+    /// replay the block may be named by nobody though it is stored, and the link must still
+    /// find it. Ending the replay forgets every block no key names.
+    pub fn replaying(&mut self, on: bool) {
+        self.replaying = on;
+        if on {
+            return;
+        }
+        let unused: Vec<u32> = self
+            .content_table
+            .iter()
+            .copied()
+            .filter(|&s| self.contents.get(s as usize).is_some_and(|c| c.refs == 0))
+            .collect();
+        unused.into_iter().for_each(|s| self.free_content(s));
+    }
+
     fn release(&mut self, old: KeyEntry) {
         self.count_key(&old, false);
         let now_unused = match self.contents.get_mut(old.content as usize) {
@@ -337,7 +359,7 @@ impl Index {
             }
             None => false,
         };
-        if now_unused {
+        if now_unused && !self.replaying {
             self.free_content(old.content);
         }
     }
@@ -439,7 +461,8 @@ impl Index {
 
     /// Rebuilds the index from a checkpoint, keeping only entries whose segments `keep` accepts
     /// (segments reused or freed since the checkpoint are left out). Keys whose block is left out
-    /// are left out too.
+    /// are left out too. The index is left replaying ([`Index::replaying`]): the caller replays
+    /// the records after the checkpoint, then ends the replay.
     pub fn from_checkpoint(cp: &ckpt::Checkpoint, keep: impl Fn(u32) -> bool) -> Index {
         let mut ix = Index::default();
         for name in &cp.namespaces {
@@ -470,9 +493,9 @@ impl Index {
                 ix.set_key(KeyEntry { fp: k.fp, content: slot, record, expires_unix_s: k.expires_unix_s, ns: k.ns });
             }
         }
-        let unused: Vec<u32> =
-            slots.into_iter().flatten().filter(|&s| ix.contents.get(s as usize).is_some_and(|c| c.refs == 0)).collect();
-        unused.into_iter().for_each(|s| ix.free_content(s));
+        // Blocks whose keys were left out stay known until the replay that follows ends
+        // (`replaying`): a link after the checkpoint may name one.
+        ix.replaying = true;
         ix
     }
 

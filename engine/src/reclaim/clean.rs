@@ -7,11 +7,12 @@
 //! never loses a kept block, and freeing is reclaim's (drops leave the index first, a checkpoint
 //! covers a victim that is not the oldest, the header is zeroed and synced), so a drop never comes
 //! back. Each relocation is written only if its key still names the same block when it is
-//! reserved: a key written or deleted meanwhile keeps its newer state. A relocated block is
-//! followed by the links to it that other segments hold, written again: replay resolves a link
-//! only if its bytes are stored by then, and once the victim is freed the block's one record
-//! lies past those links. A recompressed block is the
-//! same block (same name, description, group, TTL) in another form, written under the same
+//! reserved: a key written or deleted meanwhile keeps its newer state. When a relocated block
+//! is also named by keys whose records lie elsewhere (links, or an older block record of the
+//! same bytes), the victim is freed after a checkpoint, whatever its age: replay resolves a link
+//! only while its bytes are stored, and once the victim is freed the block's one record lies
+//! past those records, or a checkpoint that predates it names the victim. A recompressed block
+//! is the same block (same name, description, group, TTL) in another form, written under the same
 //! condition; only a block that one key names is recompressed (the others that name it would
 //! lose it with the segment; checked again when its record is reserved), a block stored lossy is
 //! never recoded by cleaning (its form is final), and one the namespace's policy does not allow
@@ -30,7 +31,7 @@ use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
 use kvhoard_kernels::CodecSpec;
 
-use super::{choose_victim, free_victim, lock_to_free, sealed_views};
+use super::{choose_victim, free_victim, lock_to_free, sealed_views, shared};
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::codec::stored_codec;
@@ -120,8 +121,13 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     super::drops::apply(parts);
     let mut cleaned = Cleaned { segment: victim, ..Cleaned::default() };
     let mut last_end = Pos::default();
+    // The blocks written again (their content), as they are or recompressed.
+    let mut moved = Vec::new();
     for r in plan {
         let Some(written) = relocate(parts, victim, &r)? else { continue };
+        if r.block_at.is_some() {
+            moved.push(r.content);
+        }
         last_end = last_end.max(written.end);
         cleaned.relocated += 1;
         cleaned.relocated_bytes += written.bytes;
@@ -133,7 +139,7 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     if cleaned.relocated > 0 {
         parts.log.sync_to(last_end)?;
     }
-    let mut state = lock_to_free(parts, victim);
+    let mut state = lock_to_free(parts, victim, &moved);
     state.cleaning = None;
     // A write failed, or the store closed, while this cleaning ran: the log takes no checkpoint
     // and frees nothing more (records may still be on their way to the device).
@@ -144,7 +150,7 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
         return Ok(None);
     }
     let sealed = sealed_views(parts, &state);
-    free_victim(parts, &mut state, &sealed, victim)?;
+    free_victim(parts, &mut state, &sealed, victim, shared(parts, &moved))?;
     parts.metrics.segments_cleaned.fetch_add(1, Ordering::Relaxed);
     parts.metrics.relocated_records.fetch_add(cleaned.relocated, Ordering::Relaxed);
     parts.metrics.relocated_bytes.fetch_add(cleaned.relocated_bytes, Ordering::Relaxed);
@@ -264,36 +270,19 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
                     parts.placement.keep(&block) != Keep::Drop
                 }))
     });
-    // The keys elsewhere in the log that link to a block relocated: their links are written
-    // again after it. Recovery replays a link only while its bytes are stored, and once the
-    // victim is freed, the block's only record would lie past those links (a key named by a
-    // link it cannot resolve is a miss: the bytes may have been dropped, and stored again by
-    // another key since). One pass over the index, only when a relocated block is shared.
-    let shared: HashSet<u32> = kept_slots
-        .iter()
-        .copied()
-        .filter(|s| index.content(*s).is_some_and(|c| c.refs > 1))
-        .chain(orphans.keys().copied())
-        .collect();
     let mut holders: HashMap<u32, Loc> = HashMap::new();
-    let mut elsewhere: Vec<(Loc, ContentFp)> = Vec::new();
-    if !shared.is_empty() {
-        for k in index.keys().filter(|k| shared.contains(&k.content) && !is_expired(k, now_s)) {
-            if orphans.contains_key(&k.content) && !holders.contains_key(&k.content) {
-                holders.insert(k.content, k.record);
-            } else if k.record.segment != victim {
-                // (A link in the victim is relocated above, if placement keeps it.)
-                if let Some(c) = index.content(k.content) {
-                    elsewhere.push((k.record, c.fp));
-                }
-            }
+    if !orphans.is_empty() {
+        for k in index.keys().filter(|k| orphans.contains_key(&k.content) && !is_expired(k, now_s)) {
+            holders.entry(k.content).or_insert(k.record);
         }
     }
     drop(index);
     for (slot, (loc, block_header)) in orphans {
         let Some(own) = holders.get(&slot) else { continue };
         // The holder's name is in its own record's header.
-        let Some(holder) = parts.header_at(*own)? else { continue };
+        let Some(holder) = parts.header_at(*own)?.filter(|h| header_fp(h) == header_fp(&block_header)) else {
+            continue;
+        };
         blocks.push(Relocation {
             namespace: holder.namespace.clone(),
             key: holder.key.clone(),
@@ -303,21 +292,6 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             header: block_header,
             recode: None,
             holder: Some(holder),
-        });
-    }
-    for (record, content) in elsewhere {
-        let Some(h) = parts.header_at(record)?.filter(|h| h.kind == RecordKind::Link && header_fp(h) == content) else {
-            continue;
-        };
-        links.push(Relocation {
-            namespace: h.namespace.clone(),
-            key: h.key.clone(),
-            kfp: key_fp(&h.namespace, &h.key),
-            content,
-            block_at: None,
-            header: h,
-            recode: None,
-            holder: None,
         });
     }
     blocks.extend(links);

@@ -34,7 +34,7 @@ pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
         return Err(StoreError::invalid("volume", "no sealed segment to reclaim"));
     }
     let victim = choose_victim(parts, &sealed);
-    free_victim(parts, state, &sealed, victim)?;
+    free_victim(parts, state, &sealed, victim, false)?;
     Ok(victim)
 }
 
@@ -70,9 +70,17 @@ fn every_sealed_view(parts: &Parts, state: &LogState) -> Vec<SegmentView> {
 }
 
 /// Drops what `victim` holds from the index and the tiers and frees it durably (see
-/// [`reclaim`] for the order that keeps drops from coming back).
-pub(crate) fn free_victim(parts: &Parts, state: &mut LogState, sealed: &[SegmentView], victim: u32) -> Result<()> {
-    let checkpoint_first = needs_checkpoint(parts, sealed, victim);
+/// [`reclaim`] for the order that keeps drops from coming back); after a checkpoint when
+/// `checkpoint` says so (a cleaner relocated blocks other records name, [`shared`]) or the
+/// victim needs one.
+pub(crate) fn free_victim(
+    parts: &Parts,
+    state: &mut LogState,
+    sealed: &[SegmentView],
+    victim: u32,
+    checkpoint: bool,
+) -> Result<()> {
+    let checkpoint_first = checkpoint || needs_checkpoint(parts, sealed, victim);
     parts.log.mark_free(state, victim);
     let dropped = parts.index_write().drop_segment(victim);
     parts.tiers.drop_segment(victim);
@@ -98,13 +106,31 @@ fn needs_checkpoint(parts: &Parts, sealed: &[SegmentView], victim: u32) -> bool 
     !parts.checkpoints.cover_through(&views, victim)
 }
 
-/// Takes the log lock to free `victim`, a segment a cleaner emptied (its mark still set).
-/// When freeing it writes a checkpoint, the lock is taken once no other writer's record is in
-/// flight ([`crate::log::Log::lock_quiet`]): a checkpoint describes a written prefix of the log.
-pub(crate) fn lock_to_free(parts: &Parts, victim: u32) -> std::sync::MutexGuard<'_, LogState> {
+/// Whether a block a cleaner relocated (by content) is named by another key too: a link, or a
+/// block record of the same bytes, that lies before the relocated record in the log (or is
+/// covered by the newest checkpoint, which names the victim for it). Freeing the victim then
+/// needs a checkpoint, or a crash would leave those keys naming nothing. Called under the log
+/// lock: no key can come to name the block meanwhile.
+pub(crate) fn shared(parts: &Parts, moved: &[crate::index::ContentFp]) -> bool {
+    if moved.is_empty() {
+        return false;
+    }
+    let index = parts.index_read();
+    moved.iter().any(|fp| index.content_slot(fp).and_then(|s| index.content(s)).is_some_and(|c| c.refs > 1))
+}
+
+/// Takes the log lock to free `victim`, a segment a cleaner emptied (its mark still set) after
+/// relocating the blocks `moved`. When freeing it writes a checkpoint, the lock is taken once
+/// no other writer's record is in flight ([`crate::log::Log::lock_quiet`]): a checkpoint
+/// describes a written prefix of the log.
+pub(crate) fn lock_to_free<'a>(
+    parts: &'a Parts,
+    victim: u32,
+    moved: &[crate::index::ContentFp],
+) -> std::sync::MutexGuard<'a, LogState> {
     let state = parts.log.lock();
     let quiet = |s: &LogState| s.open.as_ref().is_none_or(|o| o.in_flight.is_empty());
-    if quiet(&state) || !needs_checkpoint(parts, &every_sealed_view(parts, &state), victim) {
+    if quiet(&state) || !(shared(parts, moved) || needs_checkpoint(parts, &every_sealed_view(parts, &state), victim)) {
         return state;
     }
     drop(state);

@@ -167,6 +167,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         Some(cp) => Index::from_checkpoint(cp, |i| covered(i).is_some()),
         None => Index::default(),
     };
+    index.replaying(true);
     let mut unsealed = Vec::new();
     let mut order: Vec<u32> =
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
@@ -207,6 +208,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
             }
         }
     }
+    index.replaying(false);
     // The newest unsealed segment is appended to again if nothing of its use lies past its
     // valid end; every other one is sealed after its last valid record (after the last evidence
     // of damage, when there is some), so that nothing is ever appended in front of stale records
@@ -386,7 +388,6 @@ pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &
         RecordKind::Link => {
             // The link is the key's newest record so far: if its bytes are not stored (their
             // segment was reclaimed), the key is a miss, never the version it named before.
-            // Cleaning writes the links to a block it relocates again after it.
             if !index.apply_link(ns, key, header_fp(h), loc, expires) {
                 index.remove_key(&key);
             }
