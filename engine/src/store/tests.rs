@@ -1371,8 +1371,9 @@ fn a_link_to_reclaimed_bytes_does_not_bring_back_the_version_before_it_after_a_c
     std::mem::forget(s);
 }
 
-/// A key linked to a block that cleaning relocates keeps it after a crash: its link is written
-/// again after the block, so replay meets the bytes before the link.
+/// A key linked to a block that cleaning relocates keeps it after a crash: the victim, though
+/// the oldest segment, is freed after a checkpoint, since replay would otherwise meet the link
+/// before the block's one record.
 #[test]
 fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
     let dev = Arc::new(MemDevice::new(SEG * 10));
