@@ -203,6 +203,10 @@ impl Index {
         let slot = match self.content_slot(&block.fp) {
             Some(slot) => {
                 if let Some(c) = self.contents.get_mut(slot as usize) {
+                    // The new record may take other units (a longer key in its header).
+                    if let Some(n) = self.counters.get_mut(usize::from(c.ns)) {
+                        n.stored_bytes = n.stored_bytes.saturating_sub(c.record_bytes()) + block.record_bytes();
+                    }
                     c.record = block.record;
                     c.units = block.units;
                 }

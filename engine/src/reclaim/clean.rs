@@ -121,12 +121,13 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     super::drops::apply(parts);
     let mut cleaned = Cleaned { segment: victim, ..Cleaned::default() };
     let mut last_end = Pos::default();
-    // The blocks written again (their content), as they are or recompressed.
+    // The blocks written again (their content, and the key they were written under), as they
+    // are or recompressed.
     let mut moved = Vec::new();
     for r in plan {
         let Some(written) = relocate(parts, victim, &r)? else { continue };
         if r.block_at.is_some() {
-            moved.push(r.content);
+            moved.push((r.content, r.kfp));
         }
         last_end = last_end.max(written.end);
         cleaned.relocated += 1;

@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 
 use crate::checkpoint::SealedSegment;
 use crate::error::{Result, StoreError};
+use crate::index::{ContentFp, KeyFp};
 use crate::log::{LogState, SegState};
 use crate::parts::Parts;
 use crate::placement::{Fifo, SegmentView};
@@ -34,7 +35,9 @@ pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
         return Err(StoreError::invalid("volume", "no sealed segment to reclaim"));
     }
     let victim = choose_victim(parts, &sealed);
-    free_victim(parts, state, &sealed, victim, false)?;
+    // Whether the victim is the oldest is asked of every sealed segment, the one a cleaner is
+    // emptying too: until the cleaner frees it, replay would still read it.
+    free_victim(parts, state, &every_sealed_view(parts, state), victim, false)?;
     Ok(victim)
 }
 
@@ -106,17 +109,24 @@ fn needs_checkpoint(parts: &Parts, sealed: &[SegmentView], victim: u32) -> bool 
     !parts.checkpoints.cover_through(&views, victim)
 }
 
-/// Whether a block a cleaner relocated (by content) is named by another key too: a link, or a
-/// block record of the same bytes, that lies before the relocated record in the log (or is
-/// covered by the newest checkpoint, which names the victim for it). Freeing the victim then
-/// needs a checkpoint, or a crash would leave those keys naming nothing. Called under the log
-/// lock: no key can come to name the block meanwhile.
-pub(crate) fn shared(parts: &Parts, moved: &[crate::index::ContentFp]) -> bool {
+/// Whether a block a cleaner relocated is named by a key other than the one it was written
+/// under (`moved`: its content and that key): a link, or a record of the same bytes, that may
+/// lie before the relocated record in the log, or be covered by the newest checkpoint, which
+/// places the block in the victim. Freeing the victim then needs a checkpoint, or a crash would
+/// leave those keys naming nothing. The key it was written under counts only while it still
+/// names the block (its record is then the relocated one, or a later one): written again or
+/// deleted since, its place may have gone to a record before. Called under the log lock: no
+/// key can come to name the block meanwhile.
+pub(crate) fn shared(parts: &Parts, moved: &[(ContentFp, KeyFp)]) -> bool {
     if moved.is_empty() {
         return false;
     }
     let index = parts.index_read();
-    moved.iter().any(|fp| index.content_slot(fp).and_then(|s| index.content(s)).is_some_and(|c| c.refs > 1))
+    moved.iter().any(|(fp, key)| {
+        let Some(slot) = index.content_slot(fp) else { return false };
+        let own = u32::from(index.key(key).is_some_and(|k| k.content == slot));
+        index.content(slot).is_some_and(|c| c.refs > own)
+    })
 }
 
 /// Takes the log lock to free `victim`, a segment a cleaner emptied (its mark still set) after
@@ -126,7 +136,7 @@ pub(crate) fn shared(parts: &Parts, moved: &[crate::index::ContentFp]) -> bool {
 pub(crate) fn lock_to_free<'a>(
     parts: &'a Parts,
     victim: u32,
-    moved: &[crate::index::ContentFp],
+    moved: &[(ContentFp, KeyFp)],
 ) -> std::sync::MutexGuard<'a, LogState> {
     let state = parts.log.lock();
     let quiet = |s: &LogState| s.open.as_ref().is_none_or(|o| o.in_flight.is_empty());
