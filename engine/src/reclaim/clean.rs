@@ -127,7 +127,7 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     for r in plan {
         let Some(written) = relocate(parts, victim, &r)? else { continue };
         if r.block_at.is_some() {
-            moved.push((r.content, r.kfp));
+            moved.push((written.content, r.kfp));
         }
         last_end = last_end.max(written.end);
         cleaned.relocated += 1;
@@ -307,6 +307,9 @@ struct Written {
     bytes: u64,
     /// For a block recompressed, the bytes its record took before.
     recompressed_from: Option<u64>,
+    /// The block it names (for a block recompressed, its new form: other keys may have stored
+    /// that form already, and name it from before this record).
+    content: ContentFp,
 }
 
 /// Writes one relocation, if its key still names the same block.
@@ -326,7 +329,12 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
         header.stored_len = 0;
         header.payload_crc = 0;
         let item = Prepared::without_payload(header, r.kfp, r.content, Some(r.kfp));
-        return Ok(append(parts, item)?.map(|(end, bytes)| Written { end, bytes, recompressed_from: None }));
+        return Ok(append(parts, item)?.map(|(end, bytes)| Written {
+            end,
+            bytes,
+            recompressed_from: None,
+            content: r.content,
+        }));
     };
     let units = (r.header.record_bytes() / UNIT_BYTES) as usize;
     let mut read = parts.pool.get(units * UNIT_BYTES as usize);
@@ -345,16 +353,17 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
         if let Some((new_header, stored)) = recoded_form(parts, r, frame, spec) {
             // Only while this key alone names the block: a key that came to share it since the
             // plan would lose it with the segment. Then it is relocated as it is, below.
+            let content = header_fp(&new_header);
             let item = Prepared::replacing(new_header, &stored, &parts.pool, r.kfp, r.content).sole();
             if let Some((end, bytes)) = append(parts, item)? {
-                return Ok(Some(Written { end, bytes, recompressed_from: Some(r.header.record_bytes()) }));
+                return Ok(Some(Written { end, bytes, recompressed_from: Some(r.header.record_bytes()), content }));
             }
         }
     }
     header.kind = RecordKind::Block;
     let stored = buf.get(start..start + len).unwrap_or_default();
     let item = Prepared::replacing(header, stored, &parts.pool, r.kfp, r.content);
-    Ok(append(parts, item)?.map(|(end, bytes)| Written { end, bytes, recompressed_from: None }))
+    Ok(append(parts, item)?.map(|(end, bytes)| Written { end, bytes, recompressed_from: None, content: r.content }))
 }
 
 /// Appends one record written again; `None` when its key no longer names what it replaces (or,

@@ -275,7 +275,19 @@ impl Parts {
                         return Err(StoreError::invalid("rename", SOURCE_CHANGED));
                     }
                 }
-                if item.header.kind == RecordKind::Link && self.index_read().content_slot(&item.content).is_none() {
+                let stored = self.index_read().content_slot(&item.content).is_some();
+                if item.header.kind == RecordKind::Block && item.condition.is_none() && stored {
+                    // A put of bytes stored since prepare() (another put of them got here first):
+                    // a link names them. A block's record then moves forward in the log only when
+                    // cleaning writes it again, which checkpoints when other keys name it
+                    // (`reclaim::shared`); a second copy would leave the links between the two
+                    // naming bytes whose first record may be freed, and replay would lose them.
+                    item.header.kind = RecordKind::Link;
+                    item.header.stored_len = 0;
+                    item.header.payload_crc = 0;
+                    item.buf = None;
+                }
+                if item.header.kind == RecordKind::Link && !stored {
                     // The bytes were reclaimed since prepare(): store them again.
                     item.header.kind = RecordKind::Block;
                     item.header.stored_len = item.stored().len() as u64;

@@ -1451,3 +1451,31 @@ fn a_block_kept_for_a_key_linked_to_it_keeps_that_keys_ttl_and_group() {
     assert!((3500..=3600).contains(&meta.ttl_secs), "ttl {}", meta.ttl_secs);
     assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
 }
+
+/// Two puts of the same new bytes at once, under two keys: whichever reserves second finds the
+/// bytes stored and writes a link, so the bytes have one record (a second one, later in the
+/// log, would leave the links between them naming a record that reclaim may free first).
+#[test]
+fn two_puts_of_the_same_new_bytes_at_once_store_them_once() {
+    let (_dev, s) = mem_store(64);
+    let rounds = 40u64;
+    for round in 0..rounds {
+        let bytes = block(10_000 + round, 400_000);
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            for side in ["a", "b"] {
+                let (s, bytes, barrier) = (&s, &bytes, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    s.put("default", &format!("{side}{round}"), bytes, &PutOptions::default()).unwrap();
+                });
+            }
+        });
+    }
+    let stats = s.stats();
+    assert_eq!(stats.dedup_hits, rounds, "{stats:?}");
+    assert_eq!(stats.put_bytes, rounds * 400_000, "each round's bytes stored once");
+    for round in 0..rounds {
+        assert_eq!(get(&s, &format!("a{round}")), get(&s, &format!("b{round}")));
+    }
+}
