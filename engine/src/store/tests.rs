@@ -1336,18 +1336,13 @@ fn a_link_to_reclaimed_bytes_does_not_bring_back_the_version_before_it_after_a_c
     let opts = StoreOptions { checkpoint_every_segments: 1000, ..StoreOptions::default() };
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
     let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
-    let filler = |s: &Store, from: u64, n: u64| {
-        for i in from..from + n {
-            s.put("default", &format!("fill{i}"), &block(1000 + i, 200_000), &synced()).unwrap();
-        }
-    };
     let shared = block(1, 300_000);
     // The oldest segment: the shared bytes, under "x".
     s.put("default", "x", &shared, &synced()).unwrap();
-    filler(&s, 0, 4);
+    fill(&s, 0..4);
     // The next: "k"'s first version.
     s.put("default", "k", &block(2, 300_000), &synced()).unwrap();
-    filler(&s, 4, 4);
+    fill(&s, 4..8);
     // Then "k" names the shared bytes (a link), and "x" moves on.
     s.put("default", "k", &shared, &synced()).unwrap();
     s.put("default", "x", &block(3, 1000), &synced()).unwrap();
@@ -1355,7 +1350,7 @@ fn a_link_to_reclaimed_bytes_does_not_bring_back_the_version_before_it_after_a_c
     // Fill until the oldest segment is reclaimed, and "k" with its bytes.
     let mut i = 8;
     while get(&s, "k").is_some() {
-        filler(&s, i, 1);
+        fill(&s, i..i + 1);
         i += 1;
         assert!(i < 40, "the oldest segment was never reclaimed");
     }
@@ -1371,39 +1366,53 @@ fn a_link_to_reclaimed_bytes_does_not_bring_back_the_version_before_it_after_a_c
     std::mem::forget(s);
 }
 
-/// A key linked to a block that cleaning relocates keeps it after a crash: the victim, though
-/// the oldest segment, is freed after a checkpoint, since replay would otherwise meet the link
-/// before the block's one record.
-#[test]
-fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
+/// A volume of 7 segments cleaned as LRU cleans (blocks read since their write are kept),
+/// writing a checkpoint every `checkpoint_every_segments` sealed segments.
+fn lru_volume(checkpoint_every_segments: u32) -> (Arc<MemDevice>, Store, StoreOptions) {
     let dev = Arc::new(MemDevice::new(SEG * 10));
     let clock = Clock::system();
     let opts = StoreOptions {
-        checkpoint_every_segments: 1000,
+        checkpoint_every_segments,
         placement: Arc::new(crate::placement::Lru::new(clock.clone())),
         clock,
         ..StoreOptions::default()
     };
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
     let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
-    let filler = |s: &Store, from: u64, n: u64| {
-        for i in from..from + n {
-            s.put("default", &format!("fill{i}"), &block(1000 + i, 200_000), &synced()).unwrap();
-        }
-    };
-    let shared = block(1, 300_000);
-    // The oldest segment holds the block "x" wrote; the next one, "k"'s link to it.
-    s.put("default", "x", &shared, &synced()).unwrap();
-    filler(&s, 0, 4);
-    s.put("default", "k", &shared, &synced()).unwrap();
-    filler(&s, 4, 5);
-    // Read: cleaning keeps it.
-    assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
+    (dev, s, opts)
+}
+
+/// Blocks of 200 KB that nobody reads, `fill{i}` for each i.
+fn fill(s: &Store, ids: std::ops::Range<u64>) {
+    for i in ids {
+        s.put("default", &format!("fill{i}"), &block(1000 + i, 200_000), &synced()).unwrap();
+    }
+}
+
+/// Cleans segments, as placement chooses them, until segment 0 is one.
+fn clean_until_segment_0_is_cleaned(s: &Store) {
     let mut cleaned = Vec::new();
     while !cleaned.contains(&0) {
         cleaned.push(s.clean_now().unwrap().expect("a segment to clean"));
         assert!(cleaned.len() < 8, "segment 0 was never cleaned: {cleaned:?}");
     }
+}
+
+/// A key linked to a block that cleaning relocates keeps it after a crash: the victim, though
+/// the oldest segment, is freed after a checkpoint, since replay would otherwise meet the link
+/// before the block's one record.
+#[test]
+fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
+    let (dev, s, opts) = lru_volume(1000);
+    let shared = block(1, 300_000);
+    // The oldest segment holds the block "x" wrote; the next one, "k"'s link to it.
+    s.put("default", "x", &shared, &synced()).unwrap();
+    fill(&s, 0..4);
+    s.put("default", "k", &shared, &synced()).unwrap();
+    fill(&s, 4..9);
+    // Read: cleaning keeps it.
+    assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
+    clean_until_segment_0_is_cleaned(&s);
     assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
     for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
         let crashed = Arc::new(dev.crash(mode));
@@ -1418,33 +1427,17 @@ fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
 /// written under that key with that key's TTL and group, not its writer's.
 #[test]
 fn a_block_kept_for_a_key_linked_to_it_keeps_that_keys_ttl_and_group() {
-    let dev = Arc::new(MemDevice::new(SEG * 10));
-    let clock = Clock::system();
-    let opts = StoreOptions {
-        placement: Arc::new(crate::placement::Lru::new(clock.clone())),
-        clock,
-        ..StoreOptions::default()
-    };
-    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
-    let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
+    let (_dev, s, _) = lru_volume(StoreOptions::default().checkpoint_every_segments);
     let shared = block(1, 300_000);
     s.put("default", "x", &shared, &PutOptions { group: Some(1), ..synced() }).unwrap();
-    for i in 0..4 {
-        s.put("default", &format!("fill{i}"), &block(1000 + i, 200_000), &synced()).unwrap();
-    }
+    fill(&s, 0..4);
     let linked = PutOptions { ttl_secs: Some(3600), group: Some(2), ..synced() };
     s.put("default", "k", &shared, &linked).unwrap();
     // "x" moves on: the block in segment 0 is named only by "k"'s link.
     s.put("default", "x", &block(2, 1000), &synced()).unwrap();
-    for i in 4..9 {
-        s.put("default", &format!("fill{i}"), &block(1000 + i, 200_000), &synced()).unwrap();
-    }
+    fill(&s, 4..9);
     assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
-    let mut cleaned = Vec::new();
-    while !cleaned.contains(&0) {
-        cleaned.push(s.clean_now().unwrap().expect("a segment to clean"));
-        assert!(cleaned.len() < 8, "segment 0 was never cleaned: {cleaned:?}");
-    }
+    clean_until_segment_0_is_cleaned(&s);
     let meta = s.meta("default", "k").unwrap().expect("k kept");
     assert_ne!(meta.location.segment, 0, "relocated");
     assert_eq!(meta.group_id, Some(2));
