@@ -594,6 +594,31 @@ mod tests {
     }
 
     #[test]
+    fn a_replay_keeps_blocks_no_key_names_until_it_ends() {
+        let mut ix = Index::default();
+        let ns = ix.ns_id_or_insert("default").unwrap();
+        let c = content_fp("default", &[9; 32], &opaque(), &CompressionMeta::none());
+        ix.replaying(true);
+        ix.apply_block(key_fp("default", "a"), block(ns, c, loc(0, 1), 3, 8000), 0);
+        // "a" moves on; a link written later (a relocated one) still finds the bytes.
+        ix.remove_key(&key_fp("default", "a"));
+        assert_eq!(ix.block_count(), 1);
+        assert!(ix.apply_link(ns, key_fp("default", "b"), c, loc(1, 4), 0));
+        ix.remove_key(&key_fp("default", "b"));
+        // Written again with a longer header (more units): the counters follow the record.
+        ix.apply_block(key_fp("default", "c"), block(ns, c, loc(2, 1), 4, 8000), 0);
+        assert_eq!(ix.counters(ns).stored_bytes, 4 * kvhoard_format::UNIT_BYTES);
+        ix.remove_key(&key_fp("default", "c"));
+        ix.replaying(false);
+        assert_eq!(ix.block_count(), 0);
+        assert_eq!(ix.counters(ns), NsCounters::default());
+        // Out of a replay, a block no key names is forgotten at once.
+        ix.apply_block(key_fp("default", "a"), block(ns, c, loc(0, 1), 3, 8000), 0);
+        ix.remove_key(&key_fp("default", "a"));
+        assert!(!ix.apply_link(ns, key_fp("default", "b"), c, loc(1, 4), 0));
+    }
+
+    #[test]
     fn namespaces_never_share_blocks() {
         assert_ne!(
             content_fp("a", &[1; 32], &opaque(), &CompressionMeta::none()),
