@@ -92,7 +92,7 @@ impl Checkpoints {
     /// The index as a checkpoint. Called under the log lock with no record in flight, so that the
     /// snapshot describes exactly a written prefix of the log.
     pub(crate) fn snapshot(&self, state: &mut LogState, index: &RwLock<Index>, log: &Log, clock: &Clock) -> Checkpoint {
-        debug_assert!(state.open.as_ref().is_none_or(|o| o.in_flight.is_empty()));
+        debug_assert!(state.nothing_in_flight());
         let segments = state.segment_table();
         let index = index.read().unwrap_or_else(|e| e.into_inner());
         let (contents, keys) = index.to_checkpoint();

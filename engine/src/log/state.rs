@@ -77,6 +77,11 @@ pub(crate) struct LogState {
 }
 
 impl LogState {
+    /// Whether no reserved record of the open segment is on its way to the device.
+    pub(crate) fn nothing_in_flight(&self) -> bool {
+        self.open.as_ref().is_none_or(|o| o.in_flight.is_empty())
+    }
+
     /// The state recovery rebuilt.
     pub(crate) fn new(
         segments: Vec<SegInfo>,
@@ -412,7 +417,7 @@ impl Log {
     pub(crate) fn lock_quiet(&self) -> MutexGuard<'_, LogState> {
         let mut state = self.lock();
         state.quiet_wanted += 1;
-        while state.open.as_ref().is_some_and(|o| !o.in_flight.is_empty()) && state.poisoned.is_none() {
+        while !state.nothing_in_flight() && state.poisoned.is_none() {
             state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());
         }
         state.quiet_wanted -= 1;
@@ -431,13 +436,10 @@ impl Log {
         state
     }
 
-    /// Waits until no reserved record is on its way to the device any more (or the log is
-    /// poisoned: then nothing more will be written).
+    /// Waits until no reserved record is on its way to the device any more, or the log is
+    /// poisoned ([`Log::lock_quiet`], the lock released at once).
     pub(crate) fn wait_idle(&self) {
-        let mut state = self.lock();
-        while state.open.as_ref().is_some_and(|o| !o.in_flight.is_empty()) && state.poisoned.is_none() {
-            state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
+        drop(self.lock_quiet());
     }
 
     /// Waits until every record up to `end` has been written.

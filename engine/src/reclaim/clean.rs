@@ -31,7 +31,7 @@ use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
 use kvhoard_kernels::CodecSpec;
 
-use super::{choose_victim, free_victim, lock_to_free, sealed_views, shared};
+use super::{choose_victim, free_victim, lock_to_free, sealed_views};
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::codec::stored_codec;
@@ -140,7 +140,7 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     if cleaned.relocated > 0 {
         parts.log.sync_to(last_end)?;
     }
-    let mut state = lock_to_free(parts, victim, &moved);
+    let (mut state, moved_shared) = lock_to_free(parts, victim, &moved);
     state.cleaning = None;
     // A write failed, or the store closed, while this cleaning ran: the log takes no checkpoint
     // and frees nothing more (records may still be on their way to the device).
@@ -151,7 +151,7 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
         return Ok(None);
     }
     let sealed = sealed_views(parts, &state);
-    free_victim(parts, &mut state, &sealed, victim, shared(parts, &moved))?;
+    free_victim(parts, &mut state, &sealed, victim, moved_shared)?;
     parts.metrics.segments_cleaned.fetch_add(1, Ordering::Relaxed);
     parts.metrics.relocated_records.fetch_add(cleaned.relocated, Ordering::Relaxed);
     parts.metrics.relocated_bytes.fetch_add(cleaned.relocated_bytes, Ordering::Relaxed);

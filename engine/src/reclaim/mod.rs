@@ -54,7 +54,7 @@ pub(crate) fn sealed_views(parts: &Parts, state: &LogState) -> Vec<SegmentView> 
 /// Every sealed segment as placement sees it, the one a cleaner is emptying included.
 fn every_sealed_view(parts: &Parts, state: &LogState) -> Vec<SegmentView> {
     let live = parts.index_read().live_units(state.segments.len());
-    let views = state
+    state
         .segments
         .iter()
         .enumerate()
@@ -68,8 +68,7 @@ fn every_sealed_view(parts: &Parts, state: &LogState) -> Vec<SegmentView> {
             }),
             _ => None,
         })
-        .collect();
-    views
+        .collect()
 }
 
 /// Drops what `victim` holds from the index and the tiers and frees it durably (see
@@ -117,7 +116,7 @@ fn needs_checkpoint(parts: &Parts, sealed: &[SegmentView], victim: u32) -> bool 
 /// names the block (its record is then the relocated one, or a later one): written again or
 /// deleted since, its place may have gone to a record before. Called under the log lock: no
 /// key can come to name the block meanwhile.
-pub(crate) fn shared(parts: &Parts, moved: &[(ContentFp, KeyFp)]) -> bool {
+fn shared(parts: &Parts, moved: &[(ContentFp, KeyFp)]) -> bool {
     if moved.is_empty() {
         return false;
     }
@@ -130,21 +129,25 @@ pub(crate) fn shared(parts: &Parts, moved: &[(ContentFp, KeyFp)]) -> bool {
 }
 
 /// Takes the log lock to free `victim`, a segment a cleaner emptied (its mark still set) after
-/// relocating the blocks `moved`. When freeing it writes a checkpoint, the lock is taken once
-/// no other writer's record is in flight ([`crate::log::Log::lock_quiet`]): a checkpoint
-/// describes a written prefix of the log.
+/// relocating the blocks `moved`, and says whether those blocks are [`shared`]. When freeing it
+/// writes a checkpoint, the lock is taken once no other writer's record is in flight
+/// ([`crate::log::Log::lock_quiet`]): a checkpoint describes a written prefix of the log.
 pub(crate) fn lock_to_free<'a>(
     parts: &'a Parts,
     victim: u32,
     moved: &[(ContentFp, KeyFp)],
-) -> std::sync::MutexGuard<'a, LogState> {
+) -> (std::sync::MutexGuard<'a, LogState>, bool) {
     let state = parts.log.lock();
-    let quiet = |s: &LogState| s.open.as_ref().is_none_or(|o| o.in_flight.is_empty());
-    if quiet(&state) || !(shared(parts, moved) || needs_checkpoint(parts, &every_sealed_view(parts, &state), victim)) {
-        return state;
+    let moved_shared = shared(parts, moved);
+    if state.nothing_in_flight()
+        || !(moved_shared || needs_checkpoint(parts, &every_sealed_view(parts, &state), victim))
+    {
+        return (state, moved_shared);
     }
     drop(state);
-    parts.log.lock_quiet()
+    let state = parts.log.lock_quiet();
+    // Asked again: the lock was let go meanwhile.
+    (state, shared(parts, moved))
 }
 
 /// Placement's choice among the sealed segments that hold no pinned key's records; among all of
