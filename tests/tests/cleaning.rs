@@ -100,6 +100,46 @@ fn a_crash_or_write_error_at_any_point_of_cleaning_loses_nothing_kept() {
     }
 }
 
+/// A cleaning whose victim holds a block another key links to frees it after a checkpoint. A
+/// write that fails anywhere in it (the checkpoint's own included), then more puts, then a
+/// crash: both keys still read the block. A victim freed without its checkpoint and reused
+/// would lose the link's key.
+#[test]
+fn a_write_error_anywhere_in_a_cleaning_that_checkpoints_keeps_both_keys_of_a_shared_block() {
+    let mut failed = 0;
+    for fail_at in 1..16u64 {
+        for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
+            let (dev, store, opts) = lru_store(12);
+            let shared = block(99, 100_000);
+            store.put("default", "x", &shared, &synced()).unwrap();
+            fill(&store);
+            store.put("default", "copy", &shared, &synced()).unwrap();
+            assert_eq!(get(&store, "x").as_ref(), Some(&shared), "read: cleaning keeps it");
+            dev.fail_nth(FaultKind::Write, fail_at);
+            let outcome = store.clean_now();
+            failed += u32::from(outcome.is_err());
+            // Whatever the cleaning did, more puts follow (refused if the store stopped writing).
+            for i in 0..30u64 {
+                if store.put("default", &format!("after{i}"), &block(500 + i, 100_000), &synced()).is_err() {
+                    break;
+                }
+            }
+            let crashed = Arc::new(dev.crash(mode));
+            std::mem::forget(store);
+            let after = Store::open_on(crashed, opts.clone()).unwrap();
+            for key in ["x", "copy"] {
+                let got = get(&after, key);
+                assert!(
+                    got.as_ref() == Some(&shared),
+                    "{key}: {} (write {fail_at} failed, {mode:?})",
+                    if got.is_some() { "other bytes" } else { "lost" }
+                );
+            }
+        }
+    }
+    assert!(failed > 0, "no injected write hit the cleaning");
+}
+
 #[test]
 fn the_background_cleaner_keeps_a_hot_set_through_many_volumes_of_puts() {
     let (_dev, store, _) = lru_store(10);

@@ -83,13 +83,24 @@ pub(crate) fn free_victim(
     checkpoint: bool,
 ) -> Result<()> {
     let checkpoint_first = checkpoint || needs_checkpoint(parts, sealed, victim);
+    // A delete finds its key absent without the log lock: until the victim's drop is durable,
+    // one of its keys may come back after a crash, so a delete writes its tombstone.
+    let window = parts.dropped_keys.open_window();
     parts.log.mark_free(state, victim);
     let dropped = parts.index_write().drop_segment(victim);
     parts.tiers.drop_segment(victim);
     if checkpoint_first {
-        parts.checkpoint_now(state)?;
+        if let Err(e) = parts.checkpoint_now(state) {
+            // The victim is out of the index and free in memory, its header intact: reused
+            // without this checkpoint, a crash could bring back older versions of the keys it
+            // held the newest of. Nothing more is written until the volume is opened again.
+            parts.checkpoints.count_failure();
+            parts.log.poison(state, format!("cannot write the checkpoint freeing segment {victim} needs: {e}"));
+            return Err(e);
+        }
     }
     parts.log.erase_segment_header(state, victim)?;
+    window.close();
     parts.metrics.count_eviction(&dropped);
     parts.placement.dropped(&dropped.key_ids);
     tracing::debug!(segment = victim, keys = dropped.keys, blocks = dropped.blocks, "segment reclaimed");
