@@ -86,6 +86,12 @@ pub struct BenchFlags {
     /// MB/s the writer puts at while gets are timed (cleaning): the same for both volumes.
     #[arg(long, default_value_t = 100.0, value_name = "MBPS")]
     pub put_mbps: f64,
+    /// Also store each hot block under N more keys (cleaning), as copies of one value are: the
+    /// store links them to the same bytes, and a cleaner that relocates such a block writes a
+    /// checkpoint before it frees the segment (a crash must not leave the copies naming
+    /// nothing). Measures what that costs the puts.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub copies: u32,
     /// Store the blocks with this codec (throughput): the blocks are then synthetic KV caches
     /// (bf16, 256 tokens of 8 heads × 128 channels per layer, one layer per MiB) that codecs can
     /// compress, instead of random bytes; MB/s count the original bytes, `stored_ratio` is
@@ -120,6 +126,7 @@ pub struct BenchArgs {
     pub blocks: u64,
     pub rounds: usize,
     pub put_mbps: f64,
+    pub copies: u32,
     pub keep: bool,
     pub json: bool,
     pub direct_io: bool,
@@ -151,6 +158,7 @@ impl BenchArgs {
             blocks: flags.blocks,
             rounds: flags.rounds,
             put_mbps: flags.put_mbps,
+            copies: flags.copies,
             keep: flags.keep,
             json: flags.json,
             direct_io: base.direct_io,
@@ -201,6 +209,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
                 threads: args.threads,
                 rounds: args.rounds,
                 put_mbps: args.put_mbps,
+                copies: args.copies,
                 opts: StoreOptions {
                     direct_io: args.direct_io,
                     io_backend: args.io_backend,

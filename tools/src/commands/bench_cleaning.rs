@@ -11,6 +11,10 @@
 //! the gets per volume, their ratio, and the tight volume's cleaning (segments, bytes relocated
 //! per byte put). A hot block not read between two cleanings of its segment is let go, as LRU
 //! cleaning does: its reader counts a miss and puts it again, as a client that recomputed it.
+//!
+//! With `--copies N` each hot block is also stored under N more keys (links to its bytes), so a
+//! cleaner that relocates it must write a checkpoint before it frees the segment; the writer's
+//! put latency (p50/p99/max per volume) shows what those checkpoints cost the puts.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +38,8 @@ struct Volume {
     store: Store,
     /// Latencies of every get in its phases, µs.
     lat: Vec<u32>,
+    /// Latencies of the writer's puts in its phases, µs.
+    put_lat: Vec<u32>,
     /// Blocks put so far (cold ones are numbered from here).
     next: u64,
     /// Reads of the hot set that missed.
@@ -55,6 +61,8 @@ pub struct CleaningArgs {
     pub rounds: usize,
     /// MB/s the writer puts at.
     pub put_mbps: f64,
+    /// More keys each hot block is stored under (links to the same bytes).
+    pub copies: u32,
     /// How the volumes are opened (their placement is set here).
     pub opts: StoreOptions,
 }
@@ -81,16 +89,16 @@ pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
         Store::create(&path, &CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: segment }, opts)
             .with_context(|| format!("cannot create the benchmark volume {}", path.display()))
     };
-    let mut volumes = [
-        Volume { store: open("roomy", roomy_capacity)?, lat: Vec::new(), next: 0, hot_misses: 0, put_s: 0.0 },
-        Volume { store: open("tight", a.total)?, lat: Vec::new(), next: 0, hot_misses: 0, put_s: 0.0 },
-    ];
+    let mut volumes = [Volume::new(open("roomy", roomy_capacity)?), Volume::new(open("tight", a.total)?)];
     let opts = PutOptions { durability: Durability::Written, ..PutOptions::default() };
     let mut buf = noise(11, block as usize);
     for v in &mut volumes {
         for i in 0..hot {
             stamp(&mut buf, i);
             v.store.put("bench", &format!("hot-{i}"), &buf, &opts)?;
+            for c in 0..a.copies {
+                v.store.put("bench", &format!("hot-{i}-copy-{c}"), &buf, &opts)?;
+            }
             // Read once: a block read since its write is one the cleaner keeps.
             v.store.get("bench", &format!("hot-{i}"), ReadOptions::default())?;
         }
@@ -104,6 +112,7 @@ pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
     }
     let report = |v: &mut Volume| {
         v.lat.sort_unstable();
+        v.put_lat.sort_unstable();
         let s = v.store.stats();
         json!({
             "gets": v.lat.len(),
@@ -111,6 +120,11 @@ pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
             "get_p99_us": percentile(&v.lat, 99.0),
             "get_p999_us": percentile(&v.lat, 99.9),
             "hot_misses": v.hot_misses,
+            "put_p50_us": percentile(&v.put_lat, 50.0),
+            "put_p99_us": percentile(&v.put_lat, 99.0),
+            "put_p999_us": percentile(&v.put_lat, 99.9),
+            "put_max_us": v.put_lat.last().copied().unwrap_or(0),
+            "checkpoints": s.checkpoints,
             "put_mbps": (v.next.saturating_sub(hot) as f64 * block as f64 / v.put_s.max(1e-9) / 1e6).round(),
             "segments_cleaned": s.segments_cleaned,
             "write_amplification": round3(s.write_amplification),
@@ -127,6 +141,7 @@ pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
         "threads": a.threads,
         "rounds": rounds,
         "put_mbps_asked": a.put_mbps,
+        "copies": a.copies,
         "hot_blocks": hot,
         "blocks_put_per_phase": per_phase,
         "without_cleaning": r,
@@ -134,7 +149,14 @@ pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
         "p50_ratio": ratio("get_p50_us"),
         "p99_ratio": ratio("get_p99_us"),
         "p999_ratio": ratio("get_p999_us"),
+        "put_p99_ratio": ratio("put_p99_us"),
     }))
+}
+
+impl Volume {
+    fn new(store: Store) -> Volume {
+        Volume { store, lat: Vec::new(), put_lat: Vec::new(), next: 0, hot_misses: 0, put_s: 0.0 }
+    }
 }
 
 /// One phase's work: the writer puts `count` new blocks at `put_mbps` while `threads` readers
@@ -154,6 +176,7 @@ fn phase(v: &mut Volume, p: &Phase, buf: &mut [u8]) -> anyhow::Result<()> {
     let store = &v.store;
     let first = v.next;
     let block_len = buf.len();
+    let mut put_lat = Vec::with_capacity(count as usize);
     let (wrote, lats) = std::thread::scope(|s| {
         let readers: Vec<_> = (0..threads as u64)
             .map(|t| {
@@ -185,7 +208,9 @@ fn phase(v: &mut Volume, p: &Phase, buf: &mut [u8]) -> anyhow::Result<()> {
         let due = |n: u64| std::time::Duration::from_secs_f64(n as f64 * block_len as f64 / (put_mbps * 1e6));
         let wrote = (first..first + count).try_for_each(|i| {
             stamp(buf, i);
+            let t0 = Instant::now();
             store.put("bench", &format!("cold-{i}"), buf, &opts)?;
+            put_lat.push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
             if let Some(rest) = due(i - first + 1).checked_sub(started.elapsed()) {
                 std::thread::sleep(rest);
             }
@@ -200,6 +225,7 @@ fn phase(v: &mut Volume, p: &Phase, buf: &mut [u8]) -> anyhow::Result<()> {
         (wrote, lats)
     });
     v.put_s += wrote?;
+    v.put_lat.extend(put_lat);
     for (l, misses) in lats? {
         v.lat.extend(l);
         v.hot_misses += misses;
