@@ -25,11 +25,13 @@ fn main() -> ExitCode {
         in_flight_bytes: cli.write_in_flight.unwrap_or(defaults.in_flight_bytes),
         request_bytes: cli.write_size.map_or(defaults.request_bytes, |b| b as usize),
     };
+    let base = kvhoard_engine::StoreOptions::default();
     let opts = kvhoard_engine::StoreOptions {
         direct_io: !cli.no_direct_io,
         io_backend: cli.io_backend,
         writer,
-        ..Default::default()
+        clean_bytes_per_sec: cli.clean_rate.unwrap_or(base.clean_bytes_per_sec),
+        ..base
     };
     let result = match cli.command {
         Command::Init { volume, capacity, segment_size, json } => {

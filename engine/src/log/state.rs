@@ -427,8 +427,9 @@ impl Log {
     }
 
     /// Before a reservation: waits while a [`Log::lock_quiet`] waits for the records in flight
-    /// to be written. Called holding none of the caller's own records unwritten, or the wait
-    /// would never end.
+    /// to be written. Called holding none of the caller's own records reserved and not yet handed
+    /// to the writer (records handed over are written without the caller), or the wait would
+    /// never end.
     pub(crate) fn let_quiet<'a>(&'a self, mut state: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
         while state.quiet_wanted > 0 && state.poisoned.is_none() {
             state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());

@@ -26,6 +26,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
@@ -91,9 +92,18 @@ impl Drop for CleaningMark<'_> {
     }
 }
 
-/// Cleans one sealed segment, chosen by placement. `None` when there is none worth cleaning (no
-/// sealed segment with its summary on disk, or a cleaning already under way).
+/// Cleans one sealed segment, chosen by placement, as fast as the device allows. `None` when
+/// there is none worth cleaning (no sealed segment with its summary on disk, or a cleaning
+/// already under way).
 pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
+    clean_paced(parts, None)
+}
+
+/// [`clean_one`], its relocations written at `budget` bytes per second at most while no put is
+/// short of room (more than one segment free); at full speed once one is, so that a put waits
+/// for the cleaner as little as it can. The background cleaner's pace: spread over the time it
+/// has, its reads and writes disturb the clients' less than in bursts.
+pub(crate) fn clean_paced(parts: &Parts, budget: Option<u64>) -> Result<Option<Cleaned>> {
     let (victim, seq) = {
         let mut state = parts.log.lock();
         state.writable()?;
@@ -120,25 +130,12 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
     // and wherever else their blocks are.
     super::drops::apply(parts);
     let mut cleaned = Cleaned { segment: victim, ..Cleaned::default() };
-    let mut last_end = Pos::default();
+    let mut handed = Handed { parts, end: None };
     // The blocks written again (their content, and the key they were written under), as they
     // are or recompressed.
-    let mut moved = Vec::new();
-    for r in plan {
-        let Some(written) = relocate(parts, victim, &r)? else { continue };
-        if r.block_at.is_some() {
-            moved.push((written.content, r.kfp));
-        }
-        last_end = last_end.max(written.end);
-        cleaned.relocated += 1;
-        cleaned.relocated_bytes += written.bytes;
-        if let Some(before) = written.recompressed_from {
-            cleaned.recompressed += 1;
-            cleaned.recompressed_saved_bytes += before.saturating_sub(written.bytes);
-        }
-    }
-    if cleaned.relocated > 0 {
-        parts.log.sync_to(last_end)?;
+    let moved = relocate_all(parts, victim, &plan, budget, &mut cleaned, &mut handed)?;
+    if let Some(end) = handed.wait()? {
+        parts.log.sync_to(end)?;
     }
     let (mut state, moved_shared) = lock_to_free(parts, victim, &moved);
     state.cleaning = None;
@@ -312,8 +309,132 @@ struct Written {
     content: ContentFp,
 }
 
-/// Writes one relocation, if its key still names the same block.
-fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written>> {
+/// Bytes of block records a batch of relocations reads at once (more for a single larger one).
+/// A batch's records are handed to the writer while the next batch is read, so a cleaning holds
+/// about three batches of buffers, and keeps at most this many reads, and two batches of writes,
+/// in flight beside the clients' own.
+const BATCH_BYTES: u64 = 1 << 20;
+/// Relocations in a batch at most: the most reads a cleaning keeps in flight at once.
+const BATCH_RECORDS: usize = 16;
+
+/// The end of the relocations handed to the writer and not yet waited for. However cleaning
+/// ends, it waits for them (dropped unwaited, it waits and ignores the outcome): a later
+/// cleaning of the same victim that relocates nothing frees it without waiting, and must not
+/// free the only written copy of a block whose new record is still in flight.
+struct Handed<'a> {
+    parts: &'a Parts,
+    end: Option<Pos>,
+}
+
+impl Handed<'_> {
+    fn add(&mut self, end: Pos) {
+        self.end = self.end.max(Some(end));
+    }
+
+    /// Waits until everything handed so far is written; returns its end.
+    fn wait(&mut self) -> Result<Option<Pos>> {
+        let end = self.end.take();
+        if let Some(end) = end {
+            self.parts.log.wait_written(end)?;
+        }
+        Ok(end)
+    }
+}
+
+impl Drop for Handed<'_> {
+    fn drop(&mut self) {
+        // A failed write poisons the log, and the wait then ends at once.
+        let _ = self.wait();
+    }
+}
+
+/// Writes the relocations of `plan` again, in batches: a batch's blocks are read together
+/// while the previous batch's writes are in flight. Returns the blocks written again (their
+/// content, and the key they were written under), as they are or recompressed.
+fn relocate_all(
+    parts: &Parts,
+    victim: u32,
+    plan: &[Relocation],
+    budget: Option<u64>,
+    cleaned: &mut Cleaned,
+    handed: &mut Handed<'_>,
+) -> Result<Vec<(ContentFp, KeyFp)>> {
+    let mut moved = Vec::new();
+    let mut previous: Option<Pos> = None;
+    let mut rest = plan;
+    let started = Instant::now();
+    while !rest.is_empty() {
+        if let Some(budget) = budget {
+            let due = Duration::from_secs_f64(cleaned.relocated_bytes as f64 / budget.max(1) as f64);
+            if let Some(rest) = due.checked_sub(started.elapsed()) {
+                if parts.free_segments() > 1 {
+                    std::thread::sleep(rest);
+                }
+            }
+        }
+        let (batch, after) = rest.split_at(batch_len(rest));
+        rest = after;
+        let reads = read_blocks(parts, victim, batch)?;
+        // The batch before this one is written before this one is handed over: two batches
+        // of writes in flight at most.
+        if let Some(end) = previous.take() {
+            parts.log.wait_written(end)?;
+        }
+        for (r, read) in batch.iter().zip(reads) {
+            let Some(written) = relocate(parts, r, read)? else { continue };
+            if r.block_at.is_some() {
+                moved.push((written.content, r.kfp));
+            }
+            handed.add(written.end);
+            previous = previous.max(Some(written.end));
+            cleaned.relocated += 1;
+            cleaned.relocated_bytes += written.bytes;
+            if let Some(before) = written.recompressed_from {
+                cleaned.recompressed += 1;
+                cleaned.recompressed_saved_bytes += before.saturating_sub(written.bytes);
+            }
+        }
+    }
+    Ok(moved)
+}
+
+/// How many of `plan`'s next relocations make a batch: up to [`BATCH_RECORDS`], and up to
+/// [`BATCH_BYTES`] of blocks to read (at least one, however large).
+fn batch_len(plan: &[Relocation]) -> usize {
+    let mut bytes = 0;
+    let mut n = 0;
+    for r in plan.iter().take(BATCH_RECORDS) {
+        if r.block_at.is_some() {
+            bytes += r.header.record_bytes();
+        }
+        if n > 0 && bytes > BATCH_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1).min(plan.len())
+}
+
+/// The records of `batch`'s blocks in the victim, read together (in flight at once where the
+/// device allows); `None` for a link, which reads nothing.
+fn read_blocks(parts: &Parts, victim: u32, batch: &[Relocation]) -> Result<Vec<Option<PooledBuf>>> {
+    let mut bufs: Vec<Option<PooledBuf>> =
+        batch.iter().map(|r| r.block_at.map(|_| parts.pool.get(r.header.record_bytes() as usize))).collect();
+    let mut reads: Vec<(&mut [u8], u64)> = bufs
+        .iter_mut()
+        .zip(batch)
+        .filter_map(|(buf, r)| {
+            let loc = r.block_at?;
+            Some((&mut buf.as_mut()?[..], parts.log.sb.unit_offset(victim, loc.unit)))
+        })
+        .collect();
+    parts.log.dev.read_many(&mut reads)?;
+    Ok(bufs)
+}
+
+/// Writes one relocation, if its key still names the same block (`read`: the block's record
+/// in the victim, for a block); hands it to the writer without waiting for it.
+fn relocate(parts: &Parts, r: &Relocation, read: Option<PooledBuf>) -> Result<Option<Written>> {
     let now = parts.clock.now_unix_ms();
     let mut header = r.header.clone();
     header.namespace = r.namespace.clone();
@@ -324,7 +445,7 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     header.parent_hash = named.parent_hash;
     header.created_unix_ms = now;
     header.segment_seq = 0;
-    let Some(loc) = r.block_at else {
+    let (Some(loc), Some(read)) = (r.block_at, read) else {
         header.kind = RecordKind::Link;
         header.stored_len = 0;
         header.payload_crc = 0;
@@ -336,13 +457,9 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
             content: r.content,
         }));
     };
-    let units = (r.header.record_bytes() / UNIT_BYTES) as usize;
-    let mut read = parts.pool.get(units * UNIT_BYTES as usize);
-    let offset = parts.log.sb.unit_offset(victim, loc.unit);
-    parts.log.dev.read_at(&mut read, offset)?;
     let on_disk = RecordHeader::decode(&read);
     if !on_disk.as_ref().is_ok_and(|h| header_fp(h) == r.content) || check_payload(&r.header, &read).is_err() {
-        tracing::warn!(segment = victim, unit = loc.unit, "a block to relocate is damaged; dropping it");
+        tracing::warn!(segment = loc.segment, unit = loc.unit, "a block to relocate is damaged; dropping it");
         return Ok(None);
     }
     let start = r.header.payload_offset() as usize;
@@ -369,7 +486,7 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
 /// Appends one record written again; `None` when its key no longer names what it replaces (or,
 /// for a recompressed block, another key names it too).
 fn append(parts: &Parts, mut item: Prepared<'_>) -> Result<Option<(Pos, u64)>> {
-    match parts.append_written(std::slice::from_mut(&mut item)) {
+    match parts.append_handed(std::slice::from_mut(&mut item)) {
         Ok(Some(end)) => Ok(Some((end, item.header.record_bytes()))),
         Ok(None) => Ok(None),
         Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => Ok(None),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::clean::clean_one;
+use super::clean::{clean_one, clean_paced};
 use super::control::CleanerControl;
 use crate::error::Result;
 use crate::log::SegState;
@@ -31,27 +31,18 @@ pub(crate) fn spawn(parts: Weak<Parts>, control: Arc<CleanerControl>) -> Result<
 /// Cleans while free segments are fewer than the target, pacing its writes to the budget.
 fn run_while_short(parts: &Parts, control: &CleanerControl) {
     let target = free_target(parts.log.sb.segment_count);
-    let budget = parts.opts.clean_bytes_per_sec.max(1);
     while !control.stopping() {
-        let free = {
+        {
             let state = parts.log.lock();
             if state.poisoned.is_some() || state.closed {
                 return;
             }
-            state.segments.iter().filter(|s| s.state == SegState::Free).count() as u32
-        };
-        if free >= target {
+        }
+        if parts.free_segments() >= target {
             return;
         }
-        let started = Instant::now();
-        match clean_one(parts) {
-            Ok(Some(cleaned)) => {
-                // Relocations written at the budget's pace at most.
-                let due = Duration::from_secs_f64(cleaned.relocated_bytes as f64 / budget as f64);
-                if let Some(rest) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(rest);
-                }
-            }
+        match clean_paced(parts, Some(parts.opts.clean_bytes_per_sec)) {
+            Ok(Some(_)) => {}
             Ok(None) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "cleaning failed; a full volume will reclaim segments whole");
@@ -66,6 +57,12 @@ fn run_while_short(parts: &Parts, control: &CleanerControl) {
 const WAIT_FOR_CLEANER: Duration = Duration::from_secs(2);
 
 impl Parts {
+    /// Segments free now.
+    pub(crate) fn free_segments(&self) -> u32 {
+        let state = self.log.lock();
+        state.segments.iter().filter(|s| s.state == SegState::Free).count() as u32
+    }
+
     /// Before a write: when placement cleans and free segments run short, wakes the cleaner,
     /// and when only one is left, cleans one right here (the writer waits for the cleaner
     /// rather than have a segment reclaimed whole).
@@ -73,18 +70,14 @@ impl Parts {
         if !self.placement.cleans() {
             return Ok(());
         }
-        let free = || {
-            let state = self.log.lock();
-            state.segments.iter().filter(|s| s.state == SegState::Free).count() as u32
-        };
-        if free() < free_target(self.log.sb.segment_count) {
+        if self.free_segments() < free_target(self.log.sb.segment_count) {
             self.cleaner.wake();
         }
         // With one free segment left, clean one here; when the background cleaner is already
         // cleaning one, wait for it (it frees a segment soon) rather than go on and have a
         // segment reclaimed whole.
         let deadline = Instant::now() + WAIT_FOR_CLEANER;
-        while free() <= 1 {
+        while self.free_segments() <= 1 {
             if clean_one(self)?.is_some() || self.log.lock().cleaning.is_none() || Instant::now() >= deadline {
                 break;
             }

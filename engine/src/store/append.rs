@@ -192,17 +192,19 @@ impl Parts {
         Prepared { header, payload: bytes, compressed, buf, key, content, condition: None, sole: false }
     }
 
-    /// Reserves `items` (several reservations when they span segments), hands them to the log
-    /// writer and waits for them, as a `written` put does; returns the end of the last record
-    /// written, `None` when nothing was (a tombstone of a key already gone).
-    pub(crate) fn append_written(&self, items: &mut [Prepared<'_>]) -> Result<Option<Pos>> {
+    /// Reserves `items` (several reservations when they span segments) and hands them to the
+    /// log writer without waiting; returns the end of the last record, `None` when nothing was
+    /// reserved (a tombstone of a key already gone). The caller waits for that end
+    /// ([`crate::log::Log::wait_written`]) before it counts on them: cleaning keeps its
+    /// relocations in flight this way.
+    pub(crate) fn append_handed(&self, items: &mut [Prepared<'_>]) -> Result<Option<Pos>> {
         let mut last_end = None;
         let mut rest = items;
         while !rest.is_empty() {
             let (jobs, done) = self.reserve(rest)?;
             rest = rest.get_mut(done..).unwrap_or_default();
             last_end = jobs.iter().map(WriteJob::end).max().max(last_end);
-            self.write_jobs(jobs)?;
+            self.hand_over(jobs)?;
         }
         Ok(last_end)
     }
@@ -217,7 +219,7 @@ impl Parts {
 
     /// Reserves space for a prefix of `items` in log order, updates the index and returns the
     /// write jobs and how many items were reserved. Stops early rather than seal a segment that
-    /// holds this call's own unwritten records.
+    /// holds this call's own records not yet handed to the writer.
     pub(crate) fn reserve(&self, items: &mut [Prepared<'_>]) -> Result<(Vec<WriteJob>, usize)> {
         let mut state = self.log.let_quiet(self.log.lock());
         state.writable()?;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use super::Store;
 use crate::device::DeviceError;
 use crate::error::Result;
-use crate::log::Pos;
 use crate::options::Durability;
 use crate::parts::Parts;
 use crate::writer::WriteJob;
@@ -43,18 +42,10 @@ impl Store {
 }
 
 impl Parts {
-    /// Hands reserved records to the writer and waits until they and everything before them
-    /// are written.
-    pub(crate) fn write_jobs(&self, jobs: Vec<WriteJob>) -> Result<()> {
-        let end = jobs.iter().map(WriteJob::end).max();
-        self.hand_over(jobs)?;
-        end.map_or(Ok(()), |end: Pos| self.log.wait_written(end))
-    }
-
     /// Hands reserved records to the writer. If it has stopped (a put racing `close`), they will
     /// never be written: they fail as a failed write does (out of the index, the log poisoned,
     /// no longer in flight), so that nothing waits for them forever and close reports it.
-    fn hand_over(&self, jobs: Vec<WriteJob>) -> Result<()> {
+    pub(crate) fn hand_over(&self, jobs: Vec<WriteJob>) -> Result<()> {
         let Err((error, jobs)) = self.handoff.send(jobs) else { return Ok(()) };
         for job in &jobs {
             let never = DeviceError::Io {

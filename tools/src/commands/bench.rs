@@ -132,6 +132,7 @@ pub struct BenchArgs {
     pub direct_io: bool,
     pub io_backend: kvhoard_engine::IoBackend,
     pub writer: kvhoard_engine::WriterConfig,
+    pub clean_bytes_per_sec: u64,
     pub buffer_pool_bytes: usize,
     pub codec: Option<kvhoard_engine::CodecSpec>,
 }
@@ -164,6 +165,7 @@ impl BenchArgs {
             direct_io: base.direct_io,
             io_backend: base.io_backend,
             writer: base.writer,
+            clean_bytes_per_sec: base.clean_bytes_per_sec,
             buffer_pool_bytes: flags.buffer_pool as usize,
             codec: flags.codec,
         }
@@ -215,6 +217,7 @@ pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
                     io_backend: args.io_backend,
                     buffer_pool_bytes: args.buffer_pool_bytes,
                     writer: args.writer,
+                    clean_bytes_per_sec: args.clean_bytes_per_sec,
                     ..StoreOptions::default()
                 },
             },
