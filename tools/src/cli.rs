@@ -46,7 +46,7 @@ pub struct Cli {
     /// while no put is short of room (it goes at the device's speed once one is) [default:
     /// 256MiB]. Lower, its I/O disturbs gets less; it must stay above the rate of puts times
     /// the bytes cleaning relocates per byte put, or puts wait for it.
-    #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)", value_parser = crate::size::parse_size, value_name = "SIZE")]
+    #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)", value_parser = crate::flags::parse_clean_rate, value_name = "SIZE")]
     pub clean_rate: Option<u64>,
 
     #[command(subcommand)]

@@ -22,6 +22,18 @@ pub fn parse_write_in_flight(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// `--clean-rate`: at least 1 MiB a second (a cleaner slower than that leaves every put that
+/// fills the volume waiting for it).
+pub fn parse_clean_rate(s: &str) -> Result<u64, String> {
+    let bytes = crate::size::parse_size(s)?;
+    if bytes < 1 << 20 {
+        return Err(format!(
+            "{s:?} is too small: the cleaner's rate must be at least 1MiB (a second); the default is 256MiB"
+        ));
+    }
+    Ok(bytes)
+}
+
 /// `--write-size`: at least one unit (writes are whole units) and at most what one write can be.
 pub fn parse_write_size(s: &str) -> Result<u64, String> {
     let bytes = crate::size::parse_size(s)?;

@@ -347,9 +347,9 @@ impl Drop for Handed<'_> {
 /// Writes the relocations of `plan` again. Each block's record is read from the victim, then
 /// handed to the writer without waiting for it: the writes of one window of [`WINDOW_BYTES`]
 /// are in flight while the next window is read. The reads go one at a time, so that a client's
-/// get waits behind at most one of them: with 16 in flight at once, gets of 16 KiB blocks on a
-/// virtio disk took 2.0-2.3× as long at p99 as on a volume without cleaning, against 1.3-1.5×
-/// (docs/benchmarks.md). Returns the blocks written again (their content, and the key they were
+/// get waits behind at most one of them: with 16 or more in flight at once, gets of 16 KiB
+/// blocks on a virtio disk took 1.6-2.8× as long at p99 as on a volume without cleaning, against
+/// 0.9-1.5× (docs/benchmarks.md). Returns the blocks written again (their content, and the key they were
 /// written under), as they are or recompressed.
 fn relocate_all(
     parts: &Parts,
