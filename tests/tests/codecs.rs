@@ -249,6 +249,33 @@ fn recompression_is_atomic_for_readers_and_across_crashes() {
     assert!(!store.recompress("default", "missing", q8, Durability::Written).unwrap());
 }
 
+/// A key recompressed into a form another key stored already links to that form's record. A
+/// second record of the form, at the head of the log, would become its place: the links to it
+/// written in between would then lie before its one record once the first was freed, and a
+/// crash would lose them.
+#[test]
+fn a_key_recompressed_into_a_form_stored_already_links_to_it() {
+    let (dev, store) = mem_store();
+    store.set_policy("default", Policy { codec: None, lossy: true, ..Default::default() }).unwrap();
+    let (_, shape, bytes) = blocks().remove(0);
+    let q8 = CodecSpec::quant(8, 32, 0);
+    store.put("default", "z", &bytes, &synced(Some(q8), &shape.desc())).unwrap();
+    store.put("default", "z-copy", &bytes, &synced(Some(q8), &shape.desc())).unwrap();
+    store.put("default", "y", &bytes, &synced(Some(CodecSpec::lossless(1)), &shape.desc())).unwrap();
+    let at = store.meta("default", "z").unwrap().unwrap().location;
+    assert!(store.recompress("default", "y", q8, Durability::Synced).unwrap());
+    for key in ["z", "z-copy", "y"] {
+        let meta = store.meta("default", key).unwrap().unwrap();
+        assert_eq!((meta.location.segment, meta.location.unit), (at.segment, at.unit), "{key}: the form moved");
+    }
+    let q8_bytes = reference(q8, shape, &bytes);
+    let (_, after) = reopen(&dev, CrashMode::DropAll);
+    for key in ["z", "z-copy", "y"] {
+        let got = after.get("default", key, ReadOptions::default()).unwrap().unwrap();
+        assert!(got[..] == q8_bytes[..], "{key}");
+    }
+}
+
 #[test]
 fn damaged_frames_are_misses_never_garbage() {
     let (_dev, store) = mem_store();

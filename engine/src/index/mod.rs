@@ -539,20 +539,22 @@ impl Index {
     }
 }
 
-/// Whether a key has expired at `now_unix_s`.
 /// The TTL a record written at `now_ms` must carry to keep the expiry of one created at
 /// `created_ms` with `ttl_secs`: 0 (none) for none; never 0 otherwise (expiring within the second
-/// still leaves it a second).
+/// still leaves it a second). Reckoned in whole seconds of the creation time, as
+/// `recovery::expiry` reckons an expiry, so that a record written again, however often, expires
+/// in the same second as the one it replaces.
 pub fn remaining_ttl(created_ms: u64, ttl_secs: u32, now_ms: u64) -> u32 {
     match ttl_secs {
         0 => 0,
         ttl => {
-            let expires_ms = created_ms.saturating_add(u64::from(ttl) * 1000);
-            u32::try_from(expires_ms.saturating_sub(now_ms).div_ceil(1000).max(1)).unwrap_or(u32::MAX)
+            let expires_s = created_ms / 1000 + u64::from(ttl);
+            u32::try_from(expires_s.saturating_sub(now_ms / 1000).max(1)).unwrap_or(u32::MAX)
         }
     }
 }
 
+/// Whether a key has expired at `now_unix_s`.
 pub fn is_expired(k: &KeyEntry, now_unix_s: u32) -> bool {
     k.expires_unix_s != 0 && k.expires_unix_s <= now_unix_s
 }

@@ -7,11 +7,17 @@
 //! never loses a kept block, and freeing is reclaim's (drops leave the index first, a checkpoint
 //! covers a victim that is not the oldest, the header is zeroed and synced), so a drop never comes
 //! back. Each relocation is written only if its key still names the same block when it is
-//! reserved: a key written or deleted meanwhile keeps its newer state. When a relocated block
-//! is also named by keys whose records lie elsewhere (links, or an older block record of the
-//! same bytes), the victim is freed after a checkpoint, whatever its age: replay resolves a link
-//! only while its bytes are stored, and once the victim is freed the block's one record lies
-//! past those records, or a checkpoint that predates it names the victim. A recompressed block
+//! reserved, so that a key written or deleted meanwhile keeps its newer state; a link, only if
+//! its key still has the record it was made from and has not expired (see [`relocate`] for why
+//! a block is not held to that). When a relocated block is
+//! also named by keys whose records lie elsewhere (links, or an older block record of the same
+//! bytes), replay would resolve those records only while the block's bytes are stored, and once
+//! the victim is freed its one record lies past them: each such key is linked again right after
+//! the block's new record, under the same condition (all of them, or none past
+//! [`MAX_RELINKS`]). Should any key name the block from a record other than those the cleaning
+//! wrote (one past that bound, one that came to name it during the cleaning, an expired one, one
+//! whose record could not be read), the victim is freed after a checkpoint, whatever its age
+//! (`reclaim::shared`). A recompressed block
 //! is the same block (same name, description, group, TTL) in another form, written under the same
 //! condition; only a block that one key names is recompressed (the others that name it would
 //! lose it with the segment; checked again when its record is reserved), a block stored lossy is
@@ -32,7 +38,7 @@ use kvhoard_format::record::{RecordHeader, RecordKind};
 use kvhoard_format::UNIT_BYTES;
 use kvhoard_kernels::CodecSpec;
 
-use super::{choose_victim, free_victim, lock_to_free, sealed_views};
+use super::{choose_victim, free_victim, lock_to_free, sealed_views, Moved};
 use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::codec::stored_codec;
@@ -43,6 +49,7 @@ use crate::log::{Loc, Pos, SegState};
 use crate::parts::Parts;
 use crate::placement::{context_of, Keep, LiveBlock};
 use crate::policy::Policy;
+use crate::recovery::expiry;
 use crate::store::append::{Prepared, SOURCE_CHANGED};
 use crate::store::recode::Recoded;
 
@@ -69,15 +76,24 @@ struct Relocation {
     content: ContentFp,
     /// The block's record in the victim (a block relocation), or `None` for a link.
     block_at: Option<Loc>,
-    /// The header of the record in the victim this one is made from (the block record for a
-    /// block, the key's own record for a link).
+    /// The key's record the new one replaces: written only while the key still has it.
+    record: Loc,
+    /// The header of the record this one is made from (the block record for a block, the key's
+    /// own record for a link).
     header: RecordHeader,
     /// The codec placement asked the block to be written with (`None`: as it is).
     recode: Option<CodecSpec>,
     /// For a block kept under a key that links to it (its writer's key names it no more): that
     /// key's own record, whose TTL, group and parent the new record takes.
     holder: Option<RecordHeader>,
+    /// A link written again after its block's new record (see [`relinks`]): only once that
+    /// block has been written again.
+    after_block: bool,
 }
+
+/// Keys a cleaning links again, at most: past it, none is, and freeing the victim writes a
+/// checkpoint instead (a block a great many keys name costs fewer bytes that way).
+pub(crate) const MAX_RELINKS: usize = 1024;
 
 /// Clears the segment's cleaning mark however cleaning ends, unless another cleaning has
 /// marked its own segment since this one ended.
@@ -131,8 +147,8 @@ pub(crate) fn clean_paced(parts: &Parts, budget: Option<u64>) -> Result<Option<C
     super::drops::apply(parts);
     let mut cleaned = Cleaned { segment: victim, ..Cleaned::default() };
     let mut handed = Handed { parts, end: None };
-    // The blocks written again (their content, and the key they were written under), as they
-    // are or recompressed.
+    // The blocks written again, as they are or recompressed, and the keys the cleaning's
+    // records name them under.
     let moved = relocate_all(parts, victim, &plan, budget, &mut cleaned, &mut handed)?;
     if let Some(end) = handed.wait()? {
         parts.log.sync_to(end)?;
@@ -164,8 +180,8 @@ pub(crate) fn clean_paced(parts: &Parts, budget: Option<u64>) -> Result<Option<C
     Ok(Some(cleaned))
 }
 
-/// What of the victim's live records placement keeps, blocks before links (a link needs its
-/// block in place).
+/// What of the victim's live records placement keeps, and the links written again for keys
+/// elsewhere that name its blocks, each block followed by its links ([`in_order`]).
 fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     let entries = match read_summary(parts.log.dev.as_ref(), &parts.log.sb, victim, seq)? {
         Ok((entries, _)) => entries,
@@ -188,7 +204,8 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     let mut links = Vec::new();
     // Blocks here whose writing key no longer names them, but other keys (links elsewhere) do.
     let mut orphans: HashMap<u32, (Loc, RecordHeader)> = HashMap::new();
-    let mut kept_slots = Vec::new();
+    // The blocks kept, and the key each is written under.
+    let mut kept: HashMap<u32, KeyFp> = HashMap::new();
     fn info<'a>(
         h: &'a RecordHeader,
         raw: u32,
@@ -245,12 +262,14 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             kfp,
             content: c.fp,
             block_at,
+            record: loc,
             header: h.clone(),
             recode,
             holder: None,
+            after_block: false,
         };
         if c.record == loc {
-            kept_slots.push(k.content);
+            kept.insert(k.content, kfp);
             blocks.push(r(Some(loc)));
         } else {
             links.push(r(None));
@@ -260,7 +279,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     // or a pinned key names it.
     orphans.retain(|slot, (_, h)| {
         let c = index.content(*slot).copied();
-        !kept_slots.contains(slot)
+        !kept.contains_key(slot)
             && (pinned.contains(slot)
                 || c.is_some_and(|c| {
                     let policy = parts.policies.get(&h.namespace);
@@ -268,32 +287,133 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
                     parts.placement.keep(&block) != Keep::Drop
                 }))
     });
-    let mut holders: HashMap<u32, Loc> = HashMap::new();
-    if !orphans.is_empty() {
-        for k in index.keys().filter(|k| orphans.contains_key(&k.content) && !is_expired(k, now_s)) {
-            holders.entry(k.content).or_insert(k.record);
+    // The live keys that name a block kept here which other keys name too (or no key wrote: an
+    // orphan), with their records, in one pass over the keys.
+    let many: HashSet<u32> = kept
+        .keys()
+        .copied()
+        .filter(|s| index.content(*s).is_some_and(|c| c.refs > 1))
+        .chain(orphans.keys().copied())
+        .collect();
+    let mut namers: HashMap<u32, Vec<(KeyFp, Loc)>> = HashMap::new();
+    if !many.is_empty() {
+        for k in index.keys().filter(|k| many.contains(&k.content) && !is_expired(k, now_s)) {
+            namers.entry(k.content).or_default().push((k.fp, k.record));
         }
     }
+    let fps: HashMap<u32, ContentFp> = many.iter().filter_map(|s| index.content(*s).map(|c| (*s, c.fp))).collect();
     drop(index);
+    let mut relinked = Vec::new();
+    let seqs = if orphans.is_empty() { Vec::new() } else { segment_seqs(parts) };
     for (slot, (loc, block_header)) in orphans {
-        let Some(own) = holders.get(&slot) else { continue };
+        // An orphan is kept under the first key found naming it.
+        let Some(&(_, own)) = namers.get(&slot).and_then(|n| n.first()) else { continue };
         // The holder's name is in its own record's header.
-        let Some(holder) = parts.header_at(*own)?.filter(|h| header_fp(h) == header_fp(&block_header)) else {
+        let seq = seqs.get(own.segment as usize).copied().unwrap_or(0);
+        let Some(holder) = own_header(parts, own, seq)?.filter(|h| header_fp(h) == header_fp(&block_header)) else {
             continue;
         };
+        kept.insert(slot, key_fp(&holder.namespace, &holder.key));
         blocks.push(Relocation {
             namespace: holder.namespace.clone(),
             key: holder.key.clone(),
             kfp: key_fp(&holder.namespace, &holder.key),
             content: header_fp(&block_header),
             block_at: Some(loc),
+            record: own,
             header: block_header,
             recode: None,
             holder: Some(holder),
+            after_block: false,
         });
     }
-    blocks.extend(links);
-    Ok(blocks)
+    for (slot, fp) in &fps {
+        let Some(writer) = kept.get(slot) else { continue };
+        let others = namers.get(slot).into_iter().flatten();
+        // Keys whose records lie in the victim are relocated as links after the blocks anyway.
+        relinked.extend(others.filter(|(k, at)| k != writer && at.segment != victim).map(|&(k, at)| (*fp, k, at)));
+    }
+    let relinked = match relinked.len() <= MAX_RELINKS {
+        true => relinks(parts, &relinked),
+        false => Vec::new(),
+    };
+    Ok(in_order(blocks, relinked.into_iter().chain(links)))
+}
+
+/// Each block followed by the links that name it (written again from the victim or from
+/// elsewhere), then the links whose blocks lie elsewhere. A link needs its block in place; kept
+/// side by side, the next cleaning finds a block and its links in one segment, and has none to
+/// link again (written after all the blocks instead, the links of a shared hot block drifted
+/// into other segments than the block, and every cleaning of it linked them again).
+fn in_order(blocks: Vec<Relocation>, links: impl Iterator<Item = Relocation>) -> Vec<Relocation> {
+    let mut by_content: HashMap<ContentFp, Vec<Relocation>> = HashMap::new();
+    for l in links {
+        by_content.entry(l.content).or_default().push(l);
+    }
+    let mut out = Vec::with_capacity(blocks.len() + by_content.values().map(Vec::len).sum::<usize>());
+    for b in blocks {
+        let content = b.content;
+        out.push(b);
+        out.extend(by_content.remove(&content).unwrap_or_default());
+    }
+    // Where the records they replace lie, whatever order the hash table gave.
+    let mut rest: Vec<Relocation> = by_content.into_values().flatten().collect();
+    rest.sort_by_key(|r| (r.record.segment, r.record.unit));
+    out.extend(rest);
+    out
+}
+
+/// The header of the record at `at`, if it is one of the segment's current use (`seq`): a record
+/// still on its way to the device leaves an older use's bytes there.
+fn own_header(parts: &Parts, at: Loc, seq: u64) -> Result<Option<RecordHeader>> {
+    Ok(parts.header_at(at)?.filter(|h| h.segment_seq == seq))
+}
+
+/// The seq of each segment's current use.
+fn segment_seqs(parts: &Parts) -> Vec<u64> {
+    parts.log.lock().segments.iter().map(|s| s.seq).collect()
+}
+
+/// Links written again, each after its block's new record, for the keys that name a block the
+/// cleaning writes again from a record outside the victim (`named`: the block, the key, its
+/// record).
+///
+/// Replay resolves a link only while its block is stored: once the victim is freed, such a
+/// key's record would lie before the block's one remaining record, and a crash would lose it.
+/// Written again after that record, each key needs no checkpoint to survive the victim's
+/// freeing (`reclaim::shared` checks that every key naming the block did). Each key's name is
+/// read from its own record, whose TTL, group and parent the link keeps, and the link is written
+/// only while the key still has that record; a record that reads as another key's or another
+/// use's, or not at all, is left as it is, and freeing writes the checkpoint.
+fn relinks(parts: &Parts, named: &[(ContentFp, KeyFp, Loc)]) -> Vec<Relocation> {
+    let seqs = segment_seqs(parts);
+    let mut out = Vec::with_capacity(named.len());
+    let mut named = named.to_vec();
+    named.sort_by_key(|&(_, _, at)| (at.segment, at.unit));
+    for (content, kfp, at) in named {
+        let seq = seqs.get(at.segment as usize).copied().unwrap_or(0);
+        let header = match own_header(parts, at, seq) {
+            Ok(h) => h.filter(|h| header_fp(h) == content && key_fp(&h.namespace, &h.key) == kfp),
+            Err(e) => {
+                tracing::warn!(segment = at.segment, unit = at.unit, error = %e, "cannot read a record to link again");
+                None
+            }
+        };
+        let Some(header) = header else { continue };
+        out.push(Relocation {
+            namespace: header.namespace.clone(),
+            key: header.key.clone(),
+            kfp,
+            content,
+            block_at: None,
+            record: at,
+            header,
+            recode: None,
+            holder: None,
+            after_block: true,
+        });
+    }
+    out
 }
 
 /// What writing one relocation did.
@@ -304,9 +424,11 @@ struct Written {
     bytes: u64,
     /// For a block recompressed, the bytes its record took before.
     recompressed_from: Option<u64>,
-    /// The block it names (for a block recompressed, its new form: other keys may have stored
-    /// that form already, and name it from before this record).
+    /// The block it names (for a block recompressed, its new form).
     content: ContentFp,
+    /// Whether it was written as a block record (a block relocated, or recompressed into a form
+    /// no key had stored).
+    block: bool,
 }
 
 /// Bytes of relocated records a cleaning hands to the writer before it waits for the ones it
@@ -349,8 +471,8 @@ impl Drop for Handed<'_> {
 /// are in flight while the next window is read. The reads go one at a time, so that a client's
 /// get waits behind at most one of them: with 16 or more in flight at once, gets of 16 KiB
 /// blocks on a virtio disk took 1.6-2.8× as long at p99 as on a volume without cleaning, against
-/// 0.9-1.5× (docs/benchmarks.md). Returns the blocks written again (their content, and the key they were
-/// written under), as they are or recompressed.
+/// 0.9-1.5× (docs/benchmarks.md). Returns the blocks written again, as they are or
+/// recompressed, and the keys whose records it wrote naming them.
 fn relocate_all(
     parts: &Parts,
     victim: u32,
@@ -358,17 +480,21 @@ fn relocate_all(
     budget: Option<u64>,
     cleaned: &mut Cleaned,
     handed: &mut Handed<'_>,
-) -> Result<Vec<(ContentFp, KeyFp)>> {
-    let mut moved = Vec::new();
+) -> Result<Moved> {
+    let mut moved = Moved::default();
     // The end of the window before this one, and the bytes handed in this one.
     let mut previous: Option<Pos> = None;
     let mut window = 0;
     let started = Instant::now();
     for r in plan {
-        let Some(written) = relocate(parts, victim, r)? else { continue };
-        if r.block_at.is_some() {
-            moved.push((written.content, r.kfp));
+        if r.after_block && !moved.blocks.contains(&r.content) {
+            continue;
         }
+        let Some(written) = relocate(parts, victim, r)? else { continue };
+        if written.block {
+            moved.blocks.insert(written.content);
+        }
+        moved.namers.entry(written.content).or_default().insert(r.kfp);
         handed.add(written.end);
         cleaned.relocated += 1;
         cleaned.relocated_bytes += written.bytes;
@@ -396,8 +522,17 @@ fn relocate_all(
     Ok(moved)
 }
 
-/// Writes one relocation, if its key still names the same block; hands it to the writer
-/// without waiting for it.
+/// Writes one relocation, if its key still names the same block (a link: if the key still has
+/// the record the link is made from, and has not expired); hands it to the writer without
+/// waiting for it.
+///
+/// A block is written again as long as its key names it, whatever record the key has now: its
+/// bytes go with the victim otherwise, and with them every key that names them, the one just
+/// written with the same bytes included. The price is the race the link's stricter condition
+/// rules out: a key put again with the same bytes (another TTL, group or parent) while the
+/// cleaning runs has its relocated block carry those of the record before. A link skipped
+/// loses nothing: its key's newer record lies elsewhere, and freeing checks for it
+/// (`reclaim::shared`).
 fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written>> {
     let now = parts.clock.now_unix_ms();
     let mut header = r.header.clone();
@@ -410,15 +545,21 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     header.created_unix_ms = now;
     header.segment_seq = 0;
     let Some(loc) = r.block_at else {
+        let now_s = u32::try_from(now / 1000).unwrap_or(u32::MAX);
+        if named.ttl_secs != 0 && expiry(named.created_unix_ms, named.ttl_secs) <= now_s {
+            // Expired since the plan: written again, it would be found again.
+            return Ok(None);
+        }
         header.kind = RecordKind::Link;
         header.stored_len = 0;
         header.payload_crc = 0;
-        let item = Prepared::without_payload(header, r.kfp, r.content, Some(r.kfp));
-        return Ok(append(parts, item)?.map(|(end, bytes)| Written {
+        let item = Prepared::without_payload(header, r.kfp, r.content, Some(r.kfp)).replacing_record(r.record);
+        return Ok(append(parts, item)?.map(|(end, bytes, _)| Written {
             end,
             bytes,
             recompressed_from: None,
             content: r.content,
+            block: false,
         }));
     };
     let mut read = parts.pool.get(r.header.record_bytes() as usize);
@@ -435,25 +576,42 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
         let frame = Block::new(Bytes::Shared(Arc::clone(&buf)), start, len, BlockMeta::of(r.header.clone(), loc));
         if let Some((new_header, stored)) = recoded_form(parts, r, frame, spec) {
             // Only while this key alone names the block: a key that came to share it since the
-            // plan would lose it with the segment. Then it is relocated as it is, below.
+            // plan would lose it with the segment. Then it is relocated as it is, below. A form
+            // some key stored already is linked to, unless its record lies in the victim (it
+            // would go with it).
             let content = header_fp(&new_header);
-            let item = Prepared::replacing(new_header, &stored, &parts.pool, r.kfp, r.content).sole();
-            if let Some((end, bytes)) = append(parts, item)? {
-                return Ok(Some(Written { end, bytes, recompressed_from: Some(r.header.record_bytes()), content }));
+            let in_victim = {
+                let index = parts.index_read();
+                index.content_slot(&content).and_then(|s| index.content(s)).is_some_and(|c| c.record.segment == victim)
+            };
+            if !in_victim {
+                let item = Prepared::replacing(new_header, &stored, &parts.pool, r.kfp, r.content).sole();
+                if let Some((end, bytes, block)) = append(parts, item)? {
+                    let recompressed_from = Some(r.header.record_bytes());
+                    return Ok(Some(Written { end, bytes, recompressed_from, content, block }));
+                }
             }
         }
     }
     header.kind = RecordKind::Block;
     let stored = buf.get(start..start + len).unwrap_or_default();
     let item = Prepared::replacing(header, stored, &parts.pool, r.kfp, r.content);
-    Ok(append(parts, item)?.map(|(end, bytes)| Written { end, bytes, recompressed_from: None, content: r.content }))
+    Ok(append(parts, item)?.map(|(end, bytes, block)| Written {
+        end,
+        bytes,
+        recompressed_from: None,
+        content: r.content,
+        block,
+    }))
 }
 
 /// Appends one record written again; `None` when its key no longer names what it replaces (or,
-/// for a recompressed block, another key names it too).
-fn append(parts: &Parts, mut item: Prepared<'_>) -> Result<Option<(Pos, u64)>> {
+/// for a recompressed block, another key names it too). With where it ends, the bytes it takes,
+/// and whether it was written as a block (a recompressed form some key stored already is
+/// written as a link to it).
+fn append(parts: &Parts, mut item: Prepared<'_>) -> Result<Option<(Pos, u64, bool)>> {
     match parts.append_handed(std::slice::from_mut(&mut item)) {
-        Ok(Some(end)) => Ok(Some((end, item.header.record_bytes()))),
+        Ok(Some(end)) => Ok(Some((end, item.header.record_bytes(), item.header.kind == RecordKind::Block))),
         Ok(None) => Ok(None),
         Err(StoreError::InvalidArgument { what: "rename", detail }) if detail == SOURCE_CHANGED => Ok(None),
         Err(e) => Err(e),

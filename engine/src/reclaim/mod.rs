@@ -12,12 +12,13 @@ pub(crate) mod control;
 pub(crate) mod drops;
 pub(crate) mod pins;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use crate::checkpoint::SealedSegment;
 use crate::error::{Result, StoreError};
 use crate::index::{ContentFp, KeyFp};
-use crate::log::{LogState, SegState};
+use crate::log::{Loc, LogState, Pos, SegState};
 use crate::parts::Parts;
 use crate::placement::{Fifo, SegmentView};
 
@@ -73,8 +74,8 @@ fn every_sealed_view(parts: &Parts, state: &LogState) -> Vec<SegmentView> {
 
 /// Drops what `victim` holds from the index and the tiers and frees it durably (see
 /// [`reclaim`] for the order that keeps drops from coming back); after a checkpoint when
-/// `checkpoint` says so (a cleaner relocated blocks other records name, [`shared`]) or the
-/// victim needs one.
+/// `checkpoint` says so (a block a cleaner relocated is still named from before it,
+/// [`shared`]) or the victim needs one.
 pub(crate) fn free_victim(
     parts: &Parts,
     state: &mut LogState,
@@ -119,37 +120,52 @@ fn needs_checkpoint(parts: &Parts, sealed: &[SegmentView], victim: u32) -> bool 
     !parts.checkpoints.cover_through(&views, victim)
 }
 
-/// Whether a block a cleaner relocated is named by a key other than the one it was written
-/// under (`moved`: its content and that key): a link, or a record of the same bytes, that may
-/// lie before the relocated record in the log, or be covered by the newest checkpoint, which
-/// places the block in the victim. Freeing the victim then needs a checkpoint, or a crash would
-/// leave those keys naming nothing. The key it was written under counts only while it still
-/// names the block (its record is then the relocated one, or a later one): written again or
-/// deleted since, its place may have gone to a record before. Called under the log lock: no
+/// What a cleaning wrote again: the blocks (their content as written), and for each content
+/// the keys whose new records name it (the key a block was written under, and the links written
+/// after it).
+#[derive(Debug, Default)]
+pub(crate) struct Moved {
+    pub blocks: HashSet<ContentFp>,
+    pub namers: HashMap<ContentFp, HashSet<KeyFp>>,
+}
+
+/// Whether some key names a block a cleaner relocated (`moved`) from a record that lies before
+/// the block's new record in the log: a link, or a record of the same bytes, left where it was,
+/// or one a checkpoint covers while it places the block in the victim. Freeing the victim then
+/// needs a checkpoint, or a crash would leave that key naming nothing (replay resolves a link
+/// only while its bytes are stored). A key counts as safe only while it still names the block
+/// from a record at or after the block's new one: those the cleaning wrote (the block's own,
+/// and the links written again after it); a checkpoint that covers such a record covers the
+/// block's too, since it describes a written prefix of the log. Called under the log lock: no
 /// key can come to name the block meanwhile.
-fn shared(parts: &Parts, moved: &[(ContentFp, KeyFp)]) -> bool {
-    if moved.is_empty() {
+fn shared(parts: &Parts, state: &LogState, moved: &Moved) -> bool {
+    if moved.blocks.is_empty() {
         return false;
     }
+    let pos = |at: Loc| Pos { seq: state.segments.get(at.segment as usize).map_or(0, |s| s.seq), unit: at.unit };
     let index = parts.index_read();
-    moved.iter().any(|(fp, key)| {
+    moved.blocks.iter().any(|fp| {
         let Some(slot) = index.content_slot(fp) else { return false };
-        let own = u32::from(index.key(key).is_some_and(|k| k.content == slot));
-        index.content(slot).is_some_and(|c| c.refs > own)
+        let Some(c) = index.content(slot) else { return false };
+        let from = pos(c.record);
+        let after = moved.namers.get(fp).map_or(0, |keys| {
+            keys.iter().filter(|k| index.key(k).is_some_and(|e| e.content == slot && pos(e.record) >= from)).count()
+        });
+        c.refs as usize > after
     })
 }
 
 /// Takes the log lock to free `victim`, a segment a cleaner emptied (its mark still set) after
-/// relocating the blocks `moved`, and says whether those blocks are [`shared`]. When freeing it
-/// writes a checkpoint, the lock is taken once no other writer's record is in flight
+/// writing again what `moved` says, and says whether those blocks are [`shared`]. When freeing
+/// it writes a checkpoint, the lock is taken once no other writer's record is in flight
 /// ([`crate::log::Log::lock_quiet`]): a checkpoint describes a written prefix of the log.
 pub(crate) fn lock_to_free<'a>(
     parts: &'a Parts,
     victim: u32,
-    moved: &[(ContentFp, KeyFp)],
+    moved: &Moved,
 ) -> (std::sync::MutexGuard<'a, LogState>, bool) {
     let state = parts.log.lock();
-    let moved_shared = shared(parts, moved);
+    let moved_shared = shared(parts, &state, moved);
     if state.nothing_in_flight()
         || !(moved_shared || needs_checkpoint(parts, &every_sealed_view(parts, &state), victim))
     {
@@ -158,7 +174,8 @@ pub(crate) fn lock_to_free<'a>(
     drop(state);
     let state = parts.log.lock_quiet();
     // Asked again: the lock was let go meanwhile.
-    (state, shared(parts, moved))
+    let moved_shared = shared(parts, &state, moved);
+    (state, moved_shared)
 }
 
 /// Placement's choice among the sealed segments that hold no pinned key's records; among all of

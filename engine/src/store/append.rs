@@ -48,6 +48,10 @@ pub(crate) struct Prepared<'a> {
     /// the source key and the block linked (there are no bytes to store again if it changed);
     /// for a recompressed block, the key and its block before (a newer write is left alone).
     condition: Option<(KeyFp, ContentFp)>,
+    /// With a condition: the record the key must still have (a link the cleaner writes again
+    /// from the record it read: a newer write of the same bytes, with another TTL or group, is
+    /// not overwritten with the older one's).
+    record: Option<Loc>,
     /// With a condition: the block must also be named by no other key (a block the cleaner
     /// recompresses: the other keys would lose it with the segment it is cleaning).
     sole: bool,
@@ -62,7 +66,17 @@ impl<'a> Prepared<'a> {
         source: Option<KeyFp>,
     ) -> Prepared<'a> {
         let condition = source.map(|s| (s, content));
-        Prepared { header, payload: &[], compressed: None, buf: None, key, content, condition, sole: false }
+        Prepared {
+            header,
+            payload: &[],
+            compressed: None,
+            buf: None,
+            key,
+            content,
+            condition,
+            record: None,
+            sole: false,
+        }
     }
 
     /// A block record that replaces `key`'s block, provided the key still names `before` when it
@@ -84,6 +98,7 @@ impl<'a> Prepared<'a> {
             key,
             content,
             condition: Some((key, before)),
+            record: None,
             sole: false,
         }
     }
@@ -91,6 +106,13 @@ impl<'a> Prepared<'a> {
     /// This record may be reserved only while its key alone names the block it replaces.
     pub(crate) fn sole(mut self) -> Prepared<'a> {
         self.sole = true;
+        self
+    }
+
+    /// This record may be reserved only while its condition's key still has its record at
+    /// `record`.
+    pub(crate) fn replacing_record(mut self, record: Loc) -> Prepared<'a> {
+        self.record = Some(record);
         self
     }
 
@@ -189,7 +211,7 @@ impl Parts {
         let stored = compressed.as_deref().unwrap_or(bytes);
         let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, stored));
         let key = key_fp(namespace, &header.key);
-        Prepared { header, payload: bytes, compressed, buf, key, content, condition: None, sole: false }
+        Prepared { header, payload: bytes, compressed, buf, key, content, condition: None, record: None, sole: false }
     }
 
     /// Reserves `items` (several reservations when they span segments) and hands them to the
@@ -265,8 +287,8 @@ impl Parts {
                 if let Some((key, content)) = item.condition {
                     let index = self.index_read();
                     let sole = item.sole;
-                    let still = index
-                        .key(&key)
+                    let named = index.key(&key).filter(|k| item.record.is_none_or(|at| k.record == at));
+                    let still = named
                         .and_then(|k| index.content(k.content))
                         .is_some_and(|c| c.fp == content && (!sole || c.refs == 1));
                     if !still {
@@ -278,12 +300,15 @@ impl Parts {
                     }
                 }
                 let stored = self.index_read().content_slot(&item.content).is_some();
-                if item.header.kind == RecordKind::Block && item.condition.is_none() && stored {
-                    // A put of bytes stored since prepare() (another put of them got here first):
-                    // a link names them. A block's record then moves forward in the log only when
-                    // cleaning writes it again, which checkpoints when other keys name it
-                    // (`reclaim::shared`); a second copy would leave the links between the two
-                    // naming bytes whose first record may be freed, and replay would lose them.
+                let new_bytes = item.condition.is_none_or(|(_, before)| before != item.content);
+                if item.header.kind == RecordKind::Block && new_bytes && stored {
+                    // A put of bytes stored since prepare() (another put of them got here first),
+                    // or a block recompressed into a form some key stored already: a link names
+                    // them. A block's record then moves forward in the log only when cleaning
+                    // writes it again, which checks that every key naming it does so from a
+                    // record after it (`reclaim::shared`, `clean::relinks`); a second copy would
+                    // leave the links between the two naming bytes whose first record may be
+                    // freed, and replay would lose them.
                     item.header.kind = RecordKind::Link;
                     item.header.stored_len = 0;
                     item.header.payload_crc = 0;

@@ -1398,29 +1398,136 @@ fn clean_until_segment_0_is_cleaned(s: &Store) {
     }
 }
 
-/// A key linked to a block that cleaning relocates keeps it after a crash: the victim, though
-/// the oldest segment, is freed after a checkpoint, since replay would otherwise meet the link
-/// before the block's one record.
+/// A key linked to a block that cleaning relocates keeps it after a crash: replay would meet
+/// the link before the block's one record, so cleaning links the key again after it, and frees
+/// the victim without a checkpoint. With a checkpoint written between the link and the cleaning
+/// (it places the block in the victim) too.
 #[test]
 fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
-    let (dev, s, opts) = lru_volume(1000);
+    for checkpoint_every_segments in [1000, 1] {
+        let (dev, s, opts) = lru_volume(checkpoint_every_segments);
+        let shared = block(1, 300_000);
+        // The oldest segment holds the block "x" wrote; the next one, "k"'s link to it.
+        s.put("default", "x", &shared, &synced()).unwrap();
+        fill(&s, 0..4);
+        s.put("default", "k", &shared, &synced()).unwrap();
+        fill(&s, 4..9);
+        // Read: cleaning keeps it.
+        assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
+        let checkpoints = s.stats().checkpoints;
+        clean_until_segment_0_is_cleaned(&s);
+        if checkpoint_every_segments == 1000 {
+            assert_eq!(s.stats().checkpoints, checkpoints, "freed after a checkpoint");
+        }
+        assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
+        for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
+            let crashed = Arc::new(dev.crash(mode));
+            let s2 = Store::open_on(crashed, opts.clone()).unwrap();
+            let why = format!("{mode:?}, a checkpoint every {checkpoint_every_segments} segments");
+            assert_eq!(get(&s2, "x").as_deref(), Some(&shared[..]), "{why}");
+            assert_eq!(get(&s2, "k").as_deref(), Some(&shared[..]), "{why}: the link lost its block");
+        }
+        std::mem::forget(s);
+    }
+}
+
+/// A key linked again by cleaning keeps its expiry to the second, through a crash: neither a
+/// second later nor never.
+#[test]
+fn a_key_linked_again_by_cleaning_expires_when_it_would_have() {
+    let dev = Arc::new(MemDevice::new(SEG * 10));
+    let now = Arc::new(AtomicU64::new(1_700_000_000_750));
+    let clock = Clock::manual(now.clone());
+    let opts = StoreOptions {
+        checkpoint_every_segments: 1000,
+        placement: Arc::new(crate::placement::Lru::new(clock.clone())),
+        clock,
+        ..StoreOptions::default()
+    };
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
     let shared = block(1, 300_000);
-    // The oldest segment holds the block "x" wrote; the next one, "k"'s link to it.
     s.put("default", "x", &shared, &synced()).unwrap();
     fill(&s, 0..4);
-    s.put("default", "k", &shared, &synced()).unwrap();
+    s.put("default", "k", &shared, &PutOptions { ttl_secs: Some(100), ..synced() }).unwrap();
     fill(&s, 4..9);
-    // Read: cleaning keeps it.
     assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
+    // Cleaned 40.5 s later, in another second than the one "k" was written in.
+    now.fetch_add(40_500, std::sync::atomic::Ordering::Relaxed);
+    let checkpoints = s.stats().checkpoints;
     clean_until_segment_0_is_cleaned(&s);
-    assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
-    for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
-        let crashed = Arc::new(dev.crash(mode));
-        let s2 = Store::open_on(crashed, opts.clone()).unwrap();
-        assert_eq!(get(&s2, "x").as_deref(), Some(&shared[..]), "{mode:?}");
-        assert_eq!(get(&s2, "k").as_deref(), Some(&shared[..]), "{mode:?}: the link lost its block");
-    }
+    assert_eq!(s.stats().checkpoints, checkpoints, "k was not linked again");
+    let crashed = Arc::new(dev.crash(CrashMode::KeepAll));
     std::mem::forget(s);
+    let s2 = Store::open_on(crashed, opts).unwrap();
+    // "k" expires 100 s after the second it was written in.
+    now.store(1_700_000_099_999, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(get(&s2, "k").as_deref(), Some(&shared[..]), "expired early");
+    now.store(1_700_000_100_000, std::sync::atomic::Ordering::Relaxed);
+    assert!(get(&s2, "k").is_none(), "expired late");
+    assert_eq!(get(&s2, "x").as_deref(), Some(&shared[..]));
+}
+
+/// A block more keys name than cleaning links again (`MAX_RELINKS`): none is linked again, the
+/// victim is freed after a checkpoint, and every key keeps the block after a crash. A write
+/// that fails anywhere in that cleaning (the checkpoint's own included), then more puts, then a
+/// crash: every key still reads the block (a victim freed without its checkpoint and reused
+/// would lose the links).
+#[test]
+fn a_block_named_by_more_keys_than_cleaning_links_again_is_freed_after_a_checkpoint() {
+    let links = crate::reclaim::clean::MAX_RELINKS + 1;
+    let mut failed = 0;
+    for fail_at in 0..12u64 {
+        for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
+            let dev = Arc::new(MemDevice::new(SEG * 16));
+            let clock = Clock::system();
+            let opts = StoreOptions {
+                checkpoint_every_segments: 1000,
+                placement: Arc::new(crate::placement::Lru::new(clock.clone())),
+                clock,
+                ..StoreOptions::default()
+            };
+            let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+            let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
+            let shared = block(1, 300_000);
+            s.put("default", "x", &shared, &synced()).unwrap();
+            fill(&s, 0..4);
+            for i in 0..links {
+                s.put("default", &format!("k{i}"), &shared, &PutOptions::default()).unwrap();
+            }
+            fill(&s, 4..6);
+            assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
+            let checkpoints = s.stats().checkpoints;
+            if fail_at > 0 {
+                dev.fail_nth(FaultKind::Write, fail_at);
+            }
+            // The oldest segment: freeing it needs no checkpoint for its age.
+            match s.clean_now() {
+                Ok(cleaned) => {
+                    assert_eq!(cleaned, Some(0));
+                    let stats = s.stats();
+                    assert!(stats.checkpoints > checkpoints, "freed without a checkpoint");
+                    assert!(stats.relocated_records < 10, "{} records written again", stats.relocated_records);
+                }
+                Err(_) => failed += 1,
+            }
+            // Whatever the cleaning did, more puts follow (refused if the store stopped writing).
+            for i in 0..12u64 {
+                if s.put("default", &format!("after{i}"), &block(500 + i, 200_000), &synced()).is_err() {
+                    break;
+                }
+            }
+            let crashed = Arc::new(dev.crash(mode));
+            std::mem::forget(s);
+            let s2 = Store::open_on(crashed, opts.clone()).unwrap();
+            let why = format!("write {fail_at} failed, {mode:?}");
+            assert_eq!(get(&s2, "x").as_deref(), Some(&shared[..]), "{why}");
+            for i in 0..links {
+                assert_eq!(get(&s2, &format!("k{i}")).as_deref(), Some(&shared[..]), "k{i}, {why}");
+            }
+        }
+    }
+    assert!(failed > 0, "no injected write hit the cleaning");
 }
 
 /// A block whose writer's key names it no more, kept by cleaning for a key that links to it, is
