@@ -6,10 +6,10 @@
 //! freed either copy serves; the relocations are synced before the segment is freed, so a crash
 //! never loses a kept block, and freeing is reclaim's (drops leave the index first, a checkpoint
 //! covers a victim that is not the oldest, the header is zeroed and synced), so a drop never comes
-//! back. Each relocation is written only if its key still names the same block when it is
-//! reserved, so that a key written or deleted meanwhile keeps its newer state; a link, only if
-//! its key still has the record it was made from and has not expired (see [`relocate`] for why
-//! a block is not held to that). When a relocated block is
+//! back. Each relocation is written only if its key still has the record it was made from when
+//! it is reserved, so that a key written or deleted meanwhile keeps its newer state, and keeps
+//! that record's expiry to the second; a block whose key was put again with the same bytes is
+//! still written, with the newer record's expiry ([`relocate`]). When a relocated block is
 //! also named by keys whose records lie elsewhere (links, or an older block record of the same
 //! bytes), replay would resolve those records only while the block's bytes are stored, and once
 //! the victim is freed its one record lies past them: each such key is linked again right after
@@ -43,7 +43,7 @@ use crate::block::{Block, BlockMeta, Bytes};
 use crate::buffer::PooledBuf;
 use crate::codec::stored_codec;
 use crate::error::{Result, StoreError};
-use crate::index::{header_fp, is_expired, key_fp, remaining_ttl, ContentFp, KeyFp};
+use crate::index::{header_fp, is_expired, key_fp, ContentFp, KeyFp};
 use crate::log::scan::{check_payload, read_summary};
 use crate::log::{Loc, Pos, SegState};
 use crate::parts::Parts;
@@ -522,31 +522,28 @@ fn relocate_all(
     Ok(moved)
 }
 
-/// Writes one relocation, if its key still names the same block (a link: if the key still has
-/// the record the link is made from, and has not expired); hands it to the writer without
-/// waiting for it.
+/// Writes one relocation, if its key still has the record it was made from; hands it to the
+/// writer without waiting for it. The new record keeps the old one's expiry to the second, its
+/// group and parent.
 ///
-/// A block is written again as long as its key names it, whatever record the key has now: its
-/// bytes go with the victim otherwise, and with them every key that names them, the one just
-/// written with the same bytes included. The price is the race the link's stricter condition
-/// rules out: a key put again with the same bytes (another TTL, group or parent) while the
-/// cleaning runs has its relocated block carry those of the record before. A link skipped
-/// loses nothing: its key's newer record lies elsewhere, and freeing checks for it
-/// (`reclaim::shared`).
+/// A link whose key has another record now, or has expired, is not written: it loses nothing,
+/// since its key's newer record lies elsewhere, and freeing checks for it (`reclaim::shared`).
+/// A block whose key was written again with the same bytes meanwhile (a link to them) is still
+/// that key's only stored copy of them, and every other key's: it is written again with the
+/// expiry of the key's newer record ([`relocate_block`]).
 fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written>> {
     let now = parts.clock.now_unix_ms();
     let mut header = r.header.clone();
     header.namespace = r.namespace.clone();
     header.key = r.key.clone();
     let named = r.holder.as_ref().unwrap_or(&r.header);
-    header.ttl_secs = remaining_ttl(named.created_unix_ms, named.ttl_secs, now);
+    let expires = expiry(named.created_unix_ms, named.ttl_secs);
+    (header.created_unix_ms, header.ttl_secs) = carry_expiry(expires, now);
     header.group_id = named.group_id;
     header.parent_hash = named.parent_hash;
-    header.created_unix_ms = now;
     header.segment_seq = 0;
     let Some(loc) = r.block_at else {
-        let now_s = u32::try_from(now / 1000).unwrap_or(u32::MAX);
-        if named.ttl_secs != 0 && expiry(named.created_unix_ms, named.ttl_secs) <= now_s {
+        if expires != 0 && expires <= now_s(now) {
             // Expired since the plan: written again, it would be found again.
             return Ok(None);
         }
@@ -575,17 +572,19 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     if let Some(spec) = r.recode {
         let frame = Block::new(Bytes::Shared(Arc::clone(&buf)), start, len, BlockMeta::of(r.header.clone(), loc));
         if let Some((new_header, stored)) = recoded_form(parts, r, frame, spec) {
-            // Only while this key alone names the block: a key that came to share it since the
-            // plan would lose it with the segment. Then it is relocated as it is, below. A form
-            // some key stored already is linked to, unless its record lies in the victim (it
-            // would go with it).
+            // Only while this key alone names the block, from the same record: a key that came
+            // to share it since the plan would lose it with the segment. Then it is relocated as
+            // it is, below. A form some key stored already is linked to, unless its record lies
+            // in the victim (it would go with it).
             let content = header_fp(&new_header);
             let in_victim = {
                 let index = parts.index_read();
                 index.content_slot(&content).and_then(|s| index.content(s)).is_some_and(|c| c.record.segment == victim)
             };
             if !in_victim {
-                let item = Prepared::replacing(new_header, &stored, &parts.pool, r.kfp, r.content).sole();
+                let item = Prepared::replacing(new_header, &stored, &parts.pool, r.kfp, r.content)
+                    .sole()
+                    .replacing_record(r.record);
                 if let Some((end, bytes, block)) = append(parts, item)? {
                     let recompressed_from = Some(r.header.record_bytes());
                     return Ok(Some(Written { end, bytes, recompressed_from, content, block }));
@@ -595,14 +594,47 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     }
     header.kind = RecordKind::Block;
     let stored = buf.get(start..start + len).unwrap_or_default();
-    let item = Prepared::replacing(header, stored, &parts.pool, r.kfp, r.content);
-    Ok(append(parts, item)?.map(|(end, bytes, block)| Written {
-        end,
-        bytes,
-        recompressed_from: None,
-        content: r.content,
-        block,
-    }))
+    relocate_block(parts, r, header, stored)
+}
+
+/// Writes a block again under its key, from the record the key has: the one the cleaning read
+/// or, when the key was written again with the same bytes since (a link to them, before this
+/// record in the log), its newer one, whose expiry it then takes (its group and parent stay
+/// the older record's: the index does not hold them). Asked again each time the key's record
+/// changes, a few times at most; `None` once the key names other bytes or none.
+fn relocate_block(parts: &Parts, r: &Relocation, mut header: RecordHeader, stored: &[u8]) -> Result<Option<Written>> {
+    let mut record = r.record;
+    for _ in 0..4 {
+        let item = Prepared::replacing(header.clone(), stored, &parts.pool, r.kfp, r.content).replacing_record(record);
+        if let Some((end, bytes, block)) = append(parts, item)? {
+            return Ok(Some(Written { end, bytes, recompressed_from: None, content: r.content, block }));
+        }
+        let newer = {
+            let index = parts.index_read();
+            let named = |k: &&crate::index::KeyEntry| index.content(k.content).is_some_and(|c| c.fp == r.content);
+            index.key(&r.kfp).filter(named).map(|k| (k.record, k.expires_unix_s))
+        };
+        let Some((newer, expires)) = newer else { return Ok(None) };
+        record = newer;
+        (header.created_unix_ms, header.ttl_secs) = carry_expiry(expires, parts.clock.now_unix_ms());
+    }
+    Ok(None)
+}
+
+/// Seconds since the Unix epoch at `now_ms`, as expiry times count them.
+fn now_s(now_ms: u64) -> u32 {
+    u32::try_from(now_ms / 1000).unwrap_or(u32::MAX)
+}
+
+/// The creation time and TTL a record written at `now_ms` carries to expire at `expires`
+/// (`recovery::expiry`'s Unix second; 0: never), expired already or not: a block kept for the
+/// other keys that name it must not bring back its own expired key.
+fn carry_expiry(expires: u32, now_ms: u64) -> (u64, u32) {
+    match expires {
+        0 => (now_ms, 0),
+        e if e > now_s(now_ms) => (now_ms, e - now_s(now_ms)),
+        e => (u64::from(e - 1) * 1000, 1),
+    }
 }
 
 /// Appends one record written again; `None` when its key no longer names what it replaces (or,
@@ -635,6 +667,22 @@ fn recoded_form(parts: &Parts, r: &Relocation, frame: Block, spec: CodecSpec) ->
         Err(e) => {
             tracing::debug!(key = %r.key, codec = %spec, reason = %e, "kept as it is instead of recompressed");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_carried_expiry_falls_in_the_same_second_expired_or_not() {
+        let now = 1_700_000_040_250;
+        assert_eq!(carry_expiry(0, now), (now, 0), "never stays never");
+        for expires in [1_699_999_000, 1_700_000_040, 1_700_000_041, 1_700_000_100, u32::MAX] {
+            let (created, ttl) = carry_expiry(expires, now);
+            assert!(ttl > 0, "{expires}: a TTL of 0 would never expire");
+            assert_eq!(expiry(created, ttl), expires, "{expires}");
         }
     }
 }
