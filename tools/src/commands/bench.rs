@@ -87,9 +87,10 @@ pub struct BenchFlags {
     #[arg(long, default_value_t = 100.0, value_name = "MBPS")]
     pub put_mbps: f64,
     /// Also store each hot block under N more keys (cleaning), as copies of one value are: the
-    /// store links them to the same bytes, and a cleaner that relocates such a block writes a
-    /// checkpoint before it frees the segment (a crash must not leave the copies naming
-    /// nothing). Measures what that costs the puts.
+    /// store links them to the same bytes, and a cleaner that relocates such a block writes
+    /// the copies' links again after it (or, past 1,024 in one cleaning, a checkpoint) before it
+    /// frees the segment: a crash must not leave the copies naming nothing. Measures what that
+    /// costs the puts.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub copies: u32,
     /// Store the blocks with this codec (throughput): the blocks are then synthetic KV caches

@@ -13,8 +13,9 @@
 //! cleaning does: its reader counts a miss and puts it again, as a client that recomputed it.
 //!
 //! With `--copies N` each hot block is also stored under N more keys (links to its bytes), so a
-//! cleaner that relocates it must write a checkpoint before it frees the segment; the writer's
-//! put latency (p50/p99/max per volume) shows what those checkpoints cost the puts.
+//! cleaner that relocates it writes those links again (or, past a bound, a checkpoint) before
+//! it frees the segment; the writer's put latency (p50/p99/max per volume) and the checkpoints
+//! counted show what that costs the puts.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
