@@ -8,8 +8,9 @@
 //! covers a victim that is not the oldest, the header is zeroed and synced), so a drop never comes
 //! back. Each relocation is written only if its key still has the record it was made from when
 //! it is reserved, so that a key written or deleted meanwhile keeps its newer state, and keeps
-//! that record's expiry to the second; a block whose key was put again with the same bytes is
-//! still written, with the newer record's expiry ([`relocate`]). When a relocated block is
+//! that record's expiry to the second; a block whose key was put again with the same bytes (a
+//! link to it) is still written, with the newer record's expiry but the older one's group and
+//! parent ([`relocate_block`]). When a relocated block is
 //! also named by keys whose records lie elsewhere (links, or an older block record of the same
 //! bytes), replay would resolve those records only while the block's bytes are stored, and once
 //! the victim is freed its one record lies past them: each such key is linked again right after
@@ -571,7 +572,8 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     let buf = Arc::new(read);
     if let Some(spec) = r.recode {
         let frame = Block::new(Bytes::Shared(Arc::clone(&buf)), start, len, BlockMeta::of(r.header.clone(), loc));
-        if let Some((new_header, stored)) = recoded_form(parts, r, frame, spec) {
+        if let Some((mut new_header, stored)) = recoded_form(parts, r, frame, spec) {
+            (new_header.created_unix_ms, new_header.ttl_secs) = (header.created_unix_ms, header.ttl_secs);
             // Only while this key alone names the block, from the same record: a key that came
             // to share it since the plan would lose it with the segment. Then it is relocated as
             // it is, below. A form some key stored already is linked to, unless its record lies
@@ -597,11 +599,12 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     relocate_block(parts, r, header, stored)
 }
 
-/// Writes a block again under its key, from the record the key has: the one the cleaning read
-/// or, when the key was written again with the same bytes since (a link to them, before this
-/// record in the log), its newer one, whose expiry it then takes (its group and parent stay
-/// the older record's: the index does not hold them). Asked again each time the key's record
-/// changes, a few times at most; `None` once the key names other bytes or none.
+/// Writes a block again under its key, from the record the key has: the one the cleaning planned
+/// from or, when the key was written again with the same bytes since (a link to the block in
+/// the victim, written before the block's new record), that newer record, whose expiry it then
+/// takes (its group and parent stay the older record's: the index does not hold them). Asked
+/// again each time the key's record changes, a few times at most; `None` once the key names
+/// other bytes or none, or the bytes are stored outside the victim.
 fn relocate_block(parts: &Parts, r: &Relocation, mut header: RecordHeader, stored: &[u8]) -> Result<Option<Written>> {
     let mut record = r.record;
     for _ in 0..4 {
@@ -611,7 +614,11 @@ fn relocate_block(parts: &Parts, r: &Relocation, mut header: RecordHeader, store
         }
         let newer = {
             let index = parts.index_read();
-            let named = |k: &&crate::index::KeyEntry| index.content(k.content).is_some_and(|c| c.fp == r.content);
+            // Only while the bytes' one record is still the one in the victim: stored again
+            // elsewhere (the key deleted and put again), they are safe without this copy.
+            let named = |k: &&crate::index::KeyEntry| {
+                index.content(k.content).is_some_and(|c| c.fp == r.content && Some(c.record) == r.block_at)
+            };
             index.key(&r.kfp).filter(named).map(|k| (k.record, k.expires_unix_s))
         };
         let Some((newer, expires)) = newer else { return Ok(None) };

@@ -48,9 +48,9 @@ pub(crate) struct Prepared<'a> {
     /// the source key and the block linked (there are no bytes to store again if it changed);
     /// for a recompressed block, the key and its block before (a newer write is left alone).
     condition: Option<(KeyFp, ContentFp)>,
-    /// With a condition: the record the key must still have (a link the cleaner writes again
-    /// from the record it read: a newer write of the same bytes, with another TTL or group, is
-    /// not overwritten with the older one's).
+    /// With a condition: the record the key must still have (a record the cleaner writes again
+    /// from the one it planned from: a newer write of the same bytes, with another TTL or group,
+    /// is not overwritten with the older one's).
     record: Option<Loc>,
     /// With a condition: the block must also be named by no other key (a block the cleaner
     /// recompresses: the other keys would lose it with the segment it is cleaning).
