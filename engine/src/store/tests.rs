@@ -1369,8 +1369,16 @@ fn a_link_to_reclaimed_bytes_does_not_bring_back_the_version_before_it_after_a_c
 /// A volume of 7 segments cleaned as LRU cleans (blocks read since their write are kept),
 /// writing a checkpoint every `checkpoint_every_segments` sealed segments.
 fn lru_volume(checkpoint_every_segments: u32) -> (Arc<MemDevice>, Store, StoreOptions) {
-    let dev = Arc::new(MemDevice::new(SEG * 10));
-    let clock = Clock::system();
+    lru_volume_of(10, checkpoint_every_segments, Clock::system())
+}
+
+/// [`lru_volume`] on a device of `device_segments` segments, reading time from `clock`.
+fn lru_volume_of(
+    device_segments: u64,
+    checkpoint_every_segments: u32,
+    clock: Clock,
+) -> (Arc<MemDevice>, Store, StoreOptions) {
+    let dev = Arc::new(MemDevice::new(SEG * device_segments));
     let opts = StoreOptions {
         checkpoint_every_segments,
         placement: Arc::new(crate::placement::Lru::new(clock.clone())),
@@ -1435,17 +1443,8 @@ fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
 /// second later nor never.
 #[test]
 fn a_key_linked_again_by_cleaning_expires_when_it_would_have() {
-    let dev = Arc::new(MemDevice::new(SEG * 10));
     let now = Arc::new(AtomicU64::new(1_700_000_000_750));
-    let clock = Clock::manual(now.clone());
-    let opts = StoreOptions {
-        checkpoint_every_segments: 1000,
-        placement: Arc::new(crate::placement::Lru::new(clock.clone())),
-        clock,
-        ..StoreOptions::default()
-    };
-    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
-    let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
+    let (dev, s, opts) = lru_volume_of(10, 1000, Clock::manual(now.clone()));
     let shared = block(1, 300_000);
     s.put("default", "x", &shared, &synced()).unwrap();
     fill(&s, 0..4);
@@ -1479,16 +1478,7 @@ fn a_block_named_by_more_keys_than_cleaning_links_again_is_freed_after_a_checkpo
     let mut failed = 0;
     for fail_at in 0..12u64 {
         for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
-            let dev = Arc::new(MemDevice::new(SEG * 16));
-            let clock = Clock::system();
-            let opts = StoreOptions {
-                checkpoint_every_segments: 1000,
-                placement: Arc::new(crate::placement::Lru::new(clock.clone())),
-                clock,
-                ..StoreOptions::default()
-            };
-            let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
-            let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
+            let (dev, s, opts) = lru_volume_of(16, 1000, Clock::system());
             let shared = block(1, 300_000);
             s.put("default", "x", &shared, &synced()).unwrap();
             fill(&s, 0..4);
