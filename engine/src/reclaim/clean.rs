@@ -10,9 +10,8 @@
 //! it is reserved, so that a key written or deleted meanwhile keeps its newer state, and keeps
 //! that record's expiry to the second; a block whose key was put again with the same bytes (a
 //! link to it) is still written, with the newer record's expiry but the older one's group and
-//! parent ([`relocate_block`]). When a relocated block is
-//! also named by keys whose records lie elsewhere (links, or an older block record of the same
-//! bytes), replay would resolve those records only while the block's bytes are stored, and once
+//! parent ([`relocate_block`]). When a relocated block is also named by keys whose records lie
+//! elsewhere (links, or an older block record of the same bytes), replay would resolve those records only while the block's bytes are stored, and once
 //! the victim is freed its one record lies past them: each such key is linked again right after
 //! the block's new record, under the same condition (all of them, or none past
 //! [`MAX_RELINKS`]). Should any key name the block from a record other than those the cleaning
@@ -77,7 +76,8 @@ struct Relocation {
     content: ContentFp,
     /// The block's record in the victim (a block relocation), or `None` for a link.
     block_at: Option<Loc>,
-    /// The key's record the new one replaces: written only while the key still has it.
+    /// The key's record the new one replaces: written only while the key still has it (or, for
+    /// a block, a newer link to it: [`relocate_block`]).
     record: Loc,
     /// The header of the record this one is made from (the block record for a block, the key's
     /// own record for a link).
@@ -304,8 +304,8 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
     }
     let fps: HashMap<u32, ContentFp> = many.iter().filter_map(|s| index.content(*s).map(|c| (*s, c.fp))).collect();
     drop(index);
-    let mut relinked = Vec::new();
-    let seqs = if orphans.is_empty() { Vec::new() } else { segment_seqs(parts) };
+    // The seq of each segment's current use, against which the headers read are checked.
+    let seqs = if many.is_empty() { Vec::new() } else { segment_seqs(parts) };
     for (slot, (loc, block_header)) in orphans {
         // An orphan is kept under the first key found naming it.
         let Some(&(_, own)) = namers.get(&slot).and_then(|n| n.first()) else { continue };
@@ -328,14 +328,15 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
             after_block: false,
         });
     }
+    let mut relinked = Vec::new();
     for (slot, fp) in &fps {
         let Some(writer) = kept.get(slot) else { continue };
         let others = namers.get(slot).into_iter().flatten();
-        // Keys whose records lie in the victim are relocated as links after the blocks anyway.
+        // Keys whose records lie in the victim are relocated as links after their block anyway.
         relinked.extend(others.filter(|(k, at)| k != writer && at.segment != victim).map(|&(k, at)| (*fp, k, at)));
     }
     let relinked = match relinked.len() <= MAX_RELINKS {
-        true => relinks(parts, &relinked),
+        true => relinks(parts, relinked, &seqs),
         false => Vec::new(),
     };
     Ok(in_order(blocks, relinked.into_iter().chain(links)))
@@ -377,7 +378,7 @@ fn segment_seqs(parts: &Parts) -> Vec<u64> {
 
 /// Links written again, each after its block's new record, for the keys that name a block the
 /// cleaning writes again from a record outside the victim (`named`: the block, the key, its
-/// record).
+/// record; `seqs`: each segment's current use).
 ///
 /// Replay resolves a link only while its block is stored: once the victim is freed, such a
 /// key's record would lie before the block's one remaining record, and a crash would lose it.
@@ -386,10 +387,8 @@ fn segment_seqs(parts: &Parts) -> Vec<u64> {
 /// read from its own record, whose TTL, group and parent the link keeps, and the link is written
 /// only while the key still has that record; a record that reads as another key's or another
 /// use's, or not at all, is left as it is, and freeing writes the checkpoint.
-fn relinks(parts: &Parts, named: &[(ContentFp, KeyFp, Loc)]) -> Vec<Relocation> {
-    let seqs = segment_seqs(parts);
+fn relinks(parts: &Parts, mut named: Vec<(ContentFp, KeyFp, Loc)>, seqs: &[u64]) -> Vec<Relocation> {
     let mut out = Vec::with_capacity(named.len());
-    let mut named = named.to_vec();
     named.sort_by_key(|&(_, _, at)| (at.segment, at.unit));
     for (content, kfp, at) in named {
         let seq = seqs.get(at.segment as usize).copied().unwrap_or(0);
