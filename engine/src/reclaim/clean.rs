@@ -6,23 +6,25 @@
 //! freed either copy serves; the relocations are synced before the segment is freed, so a crash
 //! never loses a kept block, and freeing is reclaim's (drops leave the index first, a checkpoint
 //! covers a victim that is not the oldest, the header is zeroed and synced), so a drop never comes
-//! back. Each relocation is written only if its key still has the record it was made from when
-//! it is reserved, so that a key written or deleted meanwhile keeps its newer state, and keeps
-//! that record's expiry to the second; a block whose key was put again with the same bytes (a
-//! link to it) is still written, with the newer record's expiry but the older one's group and
-//! parent ([`relocate_block`]). When a relocated block is also named by keys whose records lie
-//! elsewhere (links, or an older block record of the same bytes), replay would resolve those records only while the block's bytes are stored, and once
-//! the victim is freed its one record lies past them: each such key is linked again right after
-//! the block's new record, under the same condition (all of them, or none past
-//! [`MAX_RELINKS`]). Should any key name the block from a record other than those the cleaning
-//! wrote (one past that bound, one that came to name it during the cleaning, an expired one, one
-//! whose record could not be read), the victim is freed after a checkpoint, whatever its age
-//! (`reclaim::shared`). A recompressed block
-//! is the same block (same name, description, group, TTL) in another form, written under the same
-//! condition; only a block that one key names is recompressed (the others that name it would
-//! lose it with the segment; checked again when its record is reserved), a block stored lossy is
-//! never recoded by cleaning (its form is final), and one the namespace's policy does not allow
-//! to be recoded (`store/recode.rs`) is relocated as it is.
+//! back. Each relocation is written only if its key still has the record it was made from when it
+//! is reserved, so that a key written or deleted meanwhile keeps its newer state, and keeps that
+//! record's expiry to the second; a block whose key was put again with the same bytes (a link to
+//! it) is still written, with the newer record's expiry but the older one's group and parent
+//! ([`relocate_block`]); a block whose key names it no more at its turn is written under the first
+//! key linked to it that still has its link, as an orphan the plan found is ([`relocate_all`]),
+//! rather than dropped with every key that names it. When a relocated block is also named by keys
+//! whose records lie elsewhere (links, or an older block record of the same bytes), replay would
+//! resolve those records only while the block's bytes are stored, and once the victim is freed its
+//! one record lies past them: each such key is linked again right after the block's new record,
+//! under the same condition (all of them, or none past [`MAX_RELINKS`]). Should any key name the
+//! block from a record other than those the cleaning wrote (one past that bound, one that came to
+//! name it during the cleaning, an expired one, one whose record could not be read), the victim is
+//! freed after a checkpoint, whatever its age (`reclaim::shared`). A recompressed block is the same
+//! block (same name, description, group, TTL) in another form, written under the same condition;
+//! only a block that one key names is recompressed (the others that name it would lose it with the
+//! segment; checked again when its record is reserved), a block stored lossy is never recoded by
+//! cleaning (its form is final), and one the namespace's policy does not allow to be recoded
+//! (`store/recode.rs`) is relocated as it is.
 //!
 //! Pins. The victim is chosen among the segments that hold no pinned key's records while there
 //! is one (`choose_victim`); when every sealed segment holds one, a pinned key's block is still
@@ -92,6 +94,28 @@ struct Relocation {
     after_block: bool,
 }
 
+/// A block kept under `holder`, a key that links to it from its own record at `own`, since its
+/// writer's key names it no more; the new record takes the holder's TTL, group and parent.
+fn held_block(block_at: Loc, header: RecordHeader, holder: RecordHeader, own: Loc) -> Relocation {
+    Relocation {
+        namespace: holder.namespace.clone(),
+        key: holder.key.clone(),
+        kfp: key_fp(&holder.namespace, &holder.key),
+        content: header_fp(&header),
+        block_at: Some(block_at),
+        record: own,
+        header,
+        recode: None,
+        holder: Some(holder),
+        after_block: false,
+    }
+}
+
+/// Keys whose links follow a block in the plan a cleaning tries to write that block under, at
+/// most, when its own key names it no more at its turn ([`relocate_all`]): each try reads the
+/// block again.
+const MAX_HOLDER_TRIES: usize = 4;
+
 /// Keys a cleaning links again, at most: past it, none is, and freeing the victim writes a
 /// checkpoint instead (a block a great many keys name costs fewer bytes that way).
 pub(crate) const MAX_RELINKS: usize = 1024;
@@ -121,6 +145,17 @@ pub(crate) fn clean_one(parts: &Parts) -> Result<Option<Cleaned>> {
 /// for the cleaner as little as it can. The background cleaner's pace: spread over the time it
 /// has, its reads and writes disturb the clients' less than in bursts.
 pub(crate) fn clean_paced(parts: &Parts, budget: Option<u64>) -> Result<Option<Cleaned>> {
+    clean_planned_then(parts, budget, |_| ())
+}
+
+/// [`clean_paced`], with `between` called with the victim once the plan is made, before any of
+/// it is written: where tests change what the plan was made from, as a put racing the cleaner
+/// may.
+pub(crate) fn clean_planned_then(
+    parts: &Parts,
+    budget: Option<u64>,
+    between: impl FnOnce(u32),
+) -> Result<Option<Cleaned>> {
     let (victim, seq) = {
         let mut state = parts.log.lock();
         state.writable()?;
@@ -143,6 +178,7 @@ pub(crate) fn clean_paced(parts: &Parts, budget: Option<u64>) -> Result<Option<C
     };
     let _mark = CleaningMark(parts, victim);
     let plan = plan(parts, victim, seq)?;
+    between(victim);
     // Contexts placement dropped while it was asked about this segment's blocks go now, here
     // and wherever else their blocks are.
     super::drops::apply(parts);
@@ -314,19 +350,9 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
         let Some(holder) = own_header(parts, own, seq)?.filter(|h| header_fp(h) == header_fp(&block_header)) else {
             continue;
         };
-        kept.insert(slot, key_fp(&holder.namespace, &holder.key));
-        blocks.push(Relocation {
-            namespace: holder.namespace.clone(),
-            key: holder.key.clone(),
-            kfp: key_fp(&holder.namespace, &holder.key),
-            content: header_fp(&block_header),
-            block_at: Some(loc),
-            record: own,
-            header: block_header,
-            recode: None,
-            holder: Some(holder),
-            after_block: false,
-        });
+        let block = held_block(loc, block_header, holder, own);
+        kept.insert(slot, block.kfp);
+        blocks.push(block);
     }
     let mut relinked = Vec::new();
     for (slot, fp) in &fps {
@@ -486,11 +512,34 @@ fn relocate_all(
     let mut previous: Option<Pos> = None;
     let mut window = 0;
     let started = Instant::now();
-    for r in plan {
+    // A block whose key named it no more at its turn (written again with other bytes, or
+    // deleted, since the plan), and the keys tried since to hold it: the links that follow it
+    // in the plan name it too, and it is written under the first whose key still has its link,
+    // as an orphan found by the plan is, rather than dropped with every key that names it.
+    let mut unheld: Option<(&Relocation, usize)> = None;
+    for planned in plan {
+        let held;
+        let r = match unheld {
+            Some((block, tried))
+                if planned.block_at.is_none() && planned.content == block.content && tried < MAX_HOLDER_TRIES =>
+            {
+                unheld = Some((block, tried + 1));
+                let Some(at) = block.block_at else { continue };
+                held = held_block(at, block.header.clone(), planned.header.clone(), planned.record);
+                &held
+            }
+            _ => planned,
+        };
         if r.after_block && !moved.blocks.contains(&r.content) {
             continue;
         }
-        let Some(written) = relocate(parts, victim, r)? else { continue };
+        let written = relocate(parts, victim, r)?;
+        if planned.block_at.is_some() {
+            unheld = written.is_none().then_some((planned, 0));
+        } else if r.holder.is_some() && written.is_some() {
+            unheld = None;
+        }
+        let Some(written) = written else { continue };
         if written.block {
             moved.blocks.insert(written.content);
         }

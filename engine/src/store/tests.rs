@@ -1439,6 +1439,67 @@ fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
     }
 }
 
+/// A block whose key is put again with other bytes, or deleted, after the cleaning planned to
+/// write it again, and before it did, is still the block two other keys link to: it is written
+/// under the first of them (the other linked again after it), the victim is freed without a
+/// checkpoint, and both keep it through a crash, while the changed keys keep their change.
+#[test]
+fn a_block_whose_key_changes_while_it_is_cleaned_is_kept_for_the_keys_linked_to_it() {
+    // What changes: x deleted (or put again), and k deleted too (k2 then holds the block).
+    for (delete, k_too) in [(false, false), (true, false), (false, true)] {
+        let (dev, s, opts) = lru_volume(1000);
+        let shared = block(1, 300_000);
+        let other = block(2, 300_000);
+        s.put("default", "x", &shared, &synced()).unwrap();
+        fill(&s, 0..4);
+        s.put("default", "k", &shared, &synced()).unwrap();
+        s.put("default", "k2", &shared, &synced()).unwrap();
+        fill(&s, 4..9);
+        assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
+        let checkpoints = s.stats().checkpoints;
+        let mut cleaned = Vec::new();
+        while !cleaned.contains(&0) {
+            let change = |victim| {
+                if victim != 0 {
+                    return;
+                }
+                match delete {
+                    true => assert!(s.delete("default", "x", Durability::Synced).unwrap()),
+                    false => {
+                        s.put("default", "x", &other, &synced()).unwrap();
+                    }
+                }
+                if k_too {
+                    assert!(s.delete("default", "k", Durability::Synced).unwrap());
+                }
+            };
+            let done = crate::reclaim::clean::clean_planned_then(&s.parts, None, change).unwrap();
+            cleaned.push(done.expect("a segment to clean").segment);
+            assert!(cleaned.len() < 8, "segment 0 was never cleaned: {cleaned:?}");
+        }
+        let changed = (!delete).then_some(&other[..]);
+        let why =
+            format!("x {}{}", if delete { "deleted" } else { "put again" }, if k_too { ", k deleted" } else { "" });
+        assert_eq!(s.stats().checkpoints, checkpoints, "{why}: freed after a checkpoint");
+        for mode in [None, Some(CrashMode::KeepAll), Some(CrashMode::DropAll)] {
+            let reopened;
+            let s = match mode {
+                None => &s,
+                Some(mode) => {
+                    reopened = Store::open_on(Arc::new(dev.crash(mode)), opts.clone()).unwrap();
+                    &reopened
+                }
+            };
+            // Compared, not printed: 300 KB each.
+            let k = (!k_too).then_some(&shared[..]);
+            assert!(get(s, "k").as_deref() == k, "{why}, {mode:?}: k is not what it was");
+            assert!(get(s, "k2").as_deref() == Some(&shared[..]), "{why}, {mode:?}: k2 lost the block");
+            assert!(get(s, "x").as_deref() == changed, "{why}, {mode:?}: x is not what it was changed to");
+        }
+        std::mem::forget(s);
+    }
+}
+
 /// A key linked again by cleaning keeps its expiry to the second, through a crash: neither a
 /// second later nor never.
 #[test]
