@@ -378,7 +378,11 @@ impl Parts {
         }
         let unit = open.reserve(units, &encoded);
         debug_assert_eq!(unit, loc.unit);
-        self.metrics.count_put(&item.header);
+        // A record cleaning writes again is a relocation (counted by cleaning), not a put:
+        // write amplification divides the one by the other.
+        if item.record.is_none() {
+            self.metrics.count_put(&item.header);
+        }
         Ok(WriteJob { buf, loc, seq, key: item.key })
     }
 

@@ -1422,11 +1422,22 @@ fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
         fill(&s, 4..9);
         // Read: cleaning keeps it.
         assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
-        let checkpoints = s.stats().checkpoints;
+        let before = s.stats();
         clean_until_segment_0_is_cleaned(&s);
+        let after = s.stats();
         if checkpoint_every_segments == 1000 {
-            assert_eq!(s.stats().checkpoints, checkpoints, "freed after a checkpoint");
+            assert_eq!(after.checkpoints, before.checkpoints, "freed after a checkpoint");
         }
+        // What cleaning wrote again counts as relocated, not put: write amplification divides
+        // the one by the other.
+        assert!(after.relocated_records > before.relocated_records, "{after:?}");
+        assert_eq!(
+            (after.puts, after.put_bytes, after.dedup_hits),
+            (before.puts, before.put_bytes, before.dedup_hits),
+            "cleaning counted as puts"
+        );
+        let wa = after.relocated_bytes as f64 / after.put_bytes as f64;
+        assert!((after.write_amplification - wa).abs() < 1e-9, "{after:?}");
         assert_eq!(get(&s, "k").as_deref(), Some(&shared[..]));
         for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
             let crashed = Arc::new(dev.crash(mode));
