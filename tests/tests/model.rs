@@ -71,23 +71,15 @@ enum Op {
     List,
     /// Cleans one segment now (placement keeps what it keeps, the rest is dropped).
     Clean,
+    /// Cleans one segment now, with these operations run once the cleaning has planned what to
+    /// keep and before it writes any of it: a client's writes racing a background cleaning.
+    CleanAround(Vec<Op>),
     Reopen,
     Crash(CrashMode),
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    // Empty blocks are all alike whatever the seed: give them one seed. A quarter of the values
-    // come from a pool of three, so that keys often share their bytes (links).
-    let value = prop_oneof![
-        3 => (any::<u8>(), prop_oneof![Just(0u32), 1u32..5000, 5000u32..150_000]).prop_map(|(seed, len)| {
-            if len == 0 {
-                (0, 0)
-            } else {
-                (seed, len)
-            }
-        }),
-        1 => (0u8..3).prop_map(|seed| (seed, 70_000u32)),
-    ];
+    let value = small_value();
     prop_oneof![
         6 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
         1 => (proptest::collection::vec(0..KEYS, 1..5), value.clone()).prop_map(|(keys, value)| Op::PutBatch { keys, value }),
@@ -99,15 +91,47 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..KEYS).prop_map(|key| Op::Unpin { key }),
         1 => Just(Op::List),
         1 => Just(Op::Clean),
+        1 => proptest::collection::vec(op_racing(small_value()), 1..4).prop_map(Op::CleanAround),
         1 => Just(Op::Reopen),
         1 => prop_oneof![Just(CrashMode::KeepAll), Just(CrashMode::DropAll), any::<u64>().prop_map(CrashMode::Random)].prop_map(Op::Crash),
     ]
 }
 
+/// Values of up to 150 KB. Empty blocks are all alike whatever the seed: give them one seed. A
+/// quarter of the values come from a pool of three, so that keys often share their bytes (links).
+fn small_value() -> impl Strategy<Value = Value> + Clone {
+    prop_oneof![
+        3 => (any::<u8>(), prop_oneof![Just(0u32), 1u32..5000, 5000u32..150_000]).prop_map(|(seed, len)| {
+            if len == 0 {
+                (0, 0)
+            } else {
+                (seed, len)
+            }
+        }),
+        1 => (0u8..3).prop_map(|seed| (seed, 70_000u32)),
+    ]
+}
+
+/// Values of 150-300 KB, a quarter from a pool of three.
+fn large_value() -> impl Strategy<Value = Value> + Clone {
+    prop_oneof![3 => (any::<u8>(), 150_000u32..300_000), 1 => (0u8..3).prop_map(|seed| (seed, 200_000u32))]
+}
+
+/// What a client may do while a cleaning runs ([`Op::CleanAround`]): write the keys whose
+/// records it is relocating (again, with bytes other keys share, or deleted), rename them, read.
+fn op_racing(value: impl Strategy<Value = Value> + Clone) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
+        1 => (0..KEYS, value, 0..3u8).prop_map(|(key, value, group)| Op::PutGrouped { key, value, group }),
+        2 => (0..KEYS, any::<bool>()).prop_map(|(key, synced)| Op::Delete { key, synced }),
+        1 => (0..KEYS, 0..KEYS, any::<bool>()).prop_map(|(from, to, synced)| Op::Rename { from, to, synced }),
+        1 => (0..KEYS).prop_map(|key| Op::Get { key }),
+    ]
+}
+
 /// Operations that fill a small volume: large puts, many pins.
 fn op_filling() -> impl Strategy<Value = Op> {
-    // A quarter from a pool of three, so that keys often share their bytes (links).
-    let value = prop_oneof![3 => (any::<u8>(), 150_000u32..300_000), 1 => (0u8..3).prop_map(|seed| (seed, 200_000u32))];
+    let value = large_value();
     prop_oneof![
         4 => (0..KEYS, value.clone(), any::<bool>()).prop_map(|(key, value, synced)| Op::Put { key, value, synced }),
         2 => (0..KEYS, value, 0..3u8).prop_map(|(key, value, group)| Op::PutGrouped { key, value, group }),
@@ -117,6 +141,7 @@ fn op_filling() -> impl Strategy<Value = Op> {
         1 => (0..KEYS, any::<bool>()).prop_map(|(key, synced)| Op::Delete { key, synced }),
         1 => Just(Op::List),
         2 => Just(Op::Clean),
+        1 => proptest::collection::vec(op_racing(large_value()), 1..4).prop_map(Op::CleanAround),
         1 => Just(Op::Reopen),
         1 => prop_oneof![Just(CrashMode::KeepAll), Just(CrashMode::DropAll), any::<u64>().prop_map(CrashMode::Random)].prop_map(Op::Crash),
     ]
@@ -426,7 +451,6 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
         writer: WriterConfig { in_flight_bytes: 96 << 10, request_bytes: 16 << 10 },
         ..StoreOptions::default()
     };
-    let fail = |e: kvhoard_engine::StoreError| TestCaseError::fail(e.to_string());
     let (mut volume, mut store) = match backend {
         Backend::Memory => {
             let dev = Arc::new(MemDevice::new(SEGMENT * segments));
@@ -452,116 +476,9 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
             eprintln!("OP {op:?}");
         }
         now.fetch_add(1_000, std::sync::atomic::Ordering::Relaxed);
-        // Keys reclaim dropped during the operation. A single put or delete reclaims before it
-        // writes anything, so its own key's drop is of the old value; a batch or a rename may
-        // reclaim between its records, so the keys it wrote may have lost their new value.
-        let dropped_first = |model: &mut Model| recording.take().into_iter().for_each(|k| model.dropped(k));
         match op {
-            Op::Put { key, value, synced } => {
-                let durability = if synced { Durability::Synced } else { Durability::Written };
-                store
-                    .put(
-                        "default",
-                        &format!("key-{key}"),
-                        &value_bytes(value),
-                        &PutOptions { durability, ..PutOptions::default() },
-                    )
-                    .map_err(fail)?;
-                dropped_first(&mut model);
-                model.write(key, Some(value), synced);
-            }
-            Op::PutGrouped { key, value, group } => {
-                let opts = PutOptions { group: Some(u64::from(group)), ..PutOptions::default() };
-                store.put("default", &format!("key-{key}"), &value_bytes(value), &opts).map_err(fail)?;
-                dropped_first(&mut model);
-                model.write(key, Some(value), false);
-            }
-            Op::PutBatch { keys, value } => {
-                let names: Vec<String> = keys.iter().map(|k| format!("key-{k}")).collect();
-                let bytes = value_bytes(value);
-                let items: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), bytes.as_slice())).collect();
-                store
-                    .put_batch(
-                        "default",
-                        &items,
-                        &PutOptions { durability: Durability::Synced, ..PutOptions::default() },
-                    )
-                    .map_err(fail)?;
-                // Drops first, then the writes; a key dropped late reads as the value or nothing.
-                let keys_dropped = recording.take();
-                keys_dropped.iter().for_each(|&k| model.dropped(k));
-                keys.iter().for_each(|&k| model.write(k, Some(value), false));
-                model.synced();
-                model.maybe_dropped.extend(keys_dropped.iter().filter(|k| keys.contains(k)));
-            }
-            Op::Delete { key, synced } => {
-                let durability = if synced { Durability::Synced } else { Durability::Written };
-                let existed = store.delete("default", &format!("key-{key}"), durability).map_err(fail)?;
-                dropped_first(&mut model);
-                let expected = model.current.get(&key).copied().flatten().is_some();
-                // A key the planner dropped may be gone (or, pinned, still there).
-                let unsure = model.planner_dropped.remove(&key);
-                prop_assert!(
-                    existed == expected || (unsure && expected && !existed),
-                    "delete of key-{} said it existed: {}",
-                    key,
-                    existed
-                );
-                // Deleting a missing key writes nothing, so it syncs nothing either; a key the
-                // planner dropped gets its tombstone all the same (a crash could bring it back).
-                model.write(key, None, synced && (existed || unsure));
-            }
-            Op::Rename { from, to, synced } => {
-                let durability = if synced { Durability::Synced } else { Durability::Written };
-                let existed =
-                    store.rename("default", &format!("key-{from}"), &format!("key-{to}"), durability).map_err(fail)?;
-                // What `from` named before the rename (a drop reported now may be of that value,
-                // or of the new link to `to` if reclaim ran between the two records).
-                let value = model.current.get(&from).copied().flatten();
-                let keys_dropped = recording.take();
-                let from_dropped_first = keys_dropped.contains(&from) && !existed;
-                keys_dropped.iter().for_each(|&k| model.dropped(k));
-                // A key the planner dropped may be gone (or, pinned, still there).
-                let planner_dropped = model.planner_dropped.remove(&from);
-                prop_assert!(
-                    existed == value.is_some() || from_dropped_first || (planner_dropped && !existed),
-                    "rename of key-{from}: existed {existed}, model {value:?}"
-                );
-                if !existed && planner_dropped {
-                    model.current.insert(from, None);
-                }
-                if existed && from != to {
-                    model.write(to, value, false);
-                    model.write(from, None, synced);
-                    if keys_dropped.contains(&to) {
-                        model.maybe_dropped.insert(to);
-                    }
-                }
-            }
-            Op::Get { key } => {
-                let got = read(&store, key)?;
-                model.observe(key, got, false)?;
-            }
-            Op::Pin { key } => {
-                let got = read(&store, key)?;
-                let readable = got.is_some();
-                model.observe(key, got, false)?;
-                // A pin succeeds exactly when the key can be read.
-                let pinned = store.pin("default", &format!("key-{key}")).map_err(fail)?;
-                prop_assert_eq!(pinned, readable, "pin of key-{} said {} but a read found {}", key, pinned, readable);
-            }
-            Op::Unpin { key } => {
-                store.unpin("default", &format!("key-{key}")).map_err(fail)?;
-            }
-            Op::Clean => {
-                let cleaned = store.clean_now().map_err(fail)?;
-                // Relocating rewrites kept blocks unchanged; freeing the segment syncs, so
-                // everything written before is durable. What it did not keep is gone for good.
-                recording.take().into_iter().for_each(|k| model.dropped(k));
-                if cleaned.is_some() {
-                    model.synced();
-                }
-            }
+            Op::Clean => clean(&store, &mut model, &recording, Vec::new())?,
+            Op::CleanAround(between) => clean(&store, &mut model, &recording, between)?,
             Op::List => {
                 let listed: BTreeSet<String> =
                     store.list("default", None, 1000).map_err(fail)?.entries.into_iter().map(|e| e.key).collect();
@@ -605,13 +522,151 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<(), TestCaseError> {
                 model.synced();
                 prop_assert_eq!(store.stats().read_errors, 0);
             }
+            op => apply(op, &store, &mut model, &recording)?,
         }
-        // The keys the planner had the store remove during the operation, after its writes.
-        recording.take_planned().into_iter().for_each(|k| model.planner_dropped(k));
-        // Nothing but reclaim drops keys, and reclaim only runs while a write reserves space.
-        prop_assert!(recording.take().is_empty(), "keys dropped outside a write");
+        settle(&mut model, &recording)?;
     }
     prop_assert_eq!(store.stats().read_errors, 0);
+    Ok(())
+}
+
+/// After an operation: the keys the planner had the store remove during it, after its writes;
+/// and nothing but reclaim drops keys, and reclaim only runs while a write reserves space.
+fn settle(model: &mut Model, recording: &Recording) -> Result<(), TestCaseError> {
+    recording.take_planned().into_iter().for_each(|k| model.planner_dropped(k));
+    prop_assert!(recording.take().is_empty(), "keys dropped outside a write");
+    Ok(())
+}
+
+/// Cleans one segment now, running `between` once the cleaning has planned what to keep and
+/// before it writes any of it.
+fn clean(store: &Store, model: &mut Model, recording: &Recording, between: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut raced = Ok(());
+    let cleaned = store
+        .clean_now_around(|_| {
+            raced = between.into_iter().try_for_each(|op| {
+                apply(op, store, model, recording)?;
+                settle(model, recording)
+            });
+        })
+        .map_err(fail)?;
+    raced?;
+    // Relocating rewrites kept blocks unchanged; freeing the segment syncs, so everything
+    // written before is durable (the operations in between too). What it did not keep is gone
+    // for good.
+    recording.take().into_iter().for_each(|k| model.dropped(k));
+    if cleaned.is_some() {
+        model.synced();
+    }
+    Ok(())
+}
+
+fn fail(e: kvhoard_engine::StoreError) -> TestCaseError {
+    TestCaseError::fail(e.to_string())
+}
+
+/// One operation that writes or reads through `store` (not one that cleans, reopens or
+/// crashes), checked against and applied to `model`.
+fn apply(op: Op, store: &Store, model: &mut Model, recording: &Recording) -> Result<(), TestCaseError> {
+    // Keys reclaim dropped during the operation. A single put or delete reclaims before it
+    // writes anything, so its own key's drop is of the old value; a batch or a rename may
+    // reclaim between its records, so the keys it wrote may have lost their new value.
+    let dropped_first = |model: &mut Model| recording.take().into_iter().for_each(|k| model.dropped(k));
+    match op {
+        Op::Put { key, value, synced } => {
+            let durability = if synced { Durability::Synced } else { Durability::Written };
+            store
+                .put(
+                    "default",
+                    &format!("key-{key}"),
+                    &value_bytes(value),
+                    &PutOptions { durability, ..PutOptions::default() },
+                )
+                .map_err(fail)?;
+            dropped_first(model);
+            model.write(key, Some(value), synced);
+        }
+        Op::PutGrouped { key, value, group } => {
+            let opts = PutOptions { group: Some(u64::from(group)), ..PutOptions::default() };
+            store.put("default", &format!("key-{key}"), &value_bytes(value), &opts).map_err(fail)?;
+            dropped_first(model);
+            model.write(key, Some(value), false);
+        }
+        Op::PutBatch { keys, value } => {
+            let names: Vec<String> = keys.iter().map(|k| format!("key-{k}")).collect();
+            let bytes = value_bytes(value);
+            let items: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), bytes.as_slice())).collect();
+            store
+                .put_batch("default", &items, &PutOptions { durability: Durability::Synced, ..PutOptions::default() })
+                .map_err(fail)?;
+            // Drops first, then the writes; a key dropped late reads as the value or nothing.
+            let keys_dropped = recording.take();
+            keys_dropped.iter().for_each(|&k| model.dropped(k));
+            keys.iter().for_each(|&k| model.write(k, Some(value), false));
+            model.synced();
+            model.maybe_dropped.extend(keys_dropped.iter().filter(|k| keys.contains(k)));
+        }
+        Op::Delete { key, synced } => {
+            let durability = if synced { Durability::Synced } else { Durability::Written };
+            let existed = store.delete("default", &format!("key-{key}"), durability).map_err(fail)?;
+            dropped_first(model);
+            let expected = model.current.get(&key).copied().flatten().is_some();
+            // A key the planner dropped may be gone (or, pinned, still there).
+            let unsure = model.planner_dropped.remove(&key);
+            prop_assert!(
+                existed == expected || (unsure && expected && !existed),
+                "delete of key-{} said it existed: {}",
+                key,
+                existed
+            );
+            // Deleting a missing key writes nothing, so it syncs nothing either; a key the
+            // planner dropped gets its tombstone all the same (a crash could bring it back).
+            model.write(key, None, synced && (existed || unsure));
+        }
+        Op::Rename { from, to, synced } => {
+            let durability = if synced { Durability::Synced } else { Durability::Written };
+            let existed =
+                store.rename("default", &format!("key-{from}"), &format!("key-{to}"), durability).map_err(fail)?;
+            // What `from` named before the rename (a drop reported now may be of that value,
+            // or of the new link to `to` if reclaim ran between the two records).
+            let value = model.current.get(&from).copied().flatten();
+            let keys_dropped = recording.take();
+            let from_dropped_first = keys_dropped.contains(&from) && !existed;
+            keys_dropped.iter().for_each(|&k| model.dropped(k));
+            // A key the planner dropped may be gone (or, pinned, still there).
+            let planner_dropped = model.planner_dropped.remove(&from);
+            prop_assert!(
+                existed == value.is_some() || from_dropped_first || (planner_dropped && !existed),
+                "rename of key-{from}: existed {existed}, model {value:?}"
+            );
+            if !existed && planner_dropped {
+                model.current.insert(from, None);
+            }
+            if existed && from != to {
+                model.write(to, value, false);
+                model.write(from, None, synced);
+                if keys_dropped.contains(&to) {
+                    model.maybe_dropped.insert(to);
+                }
+            }
+        }
+        Op::Get { key } => {
+            let got = read(&store, key)?;
+            model.observe(key, got, false)?;
+        }
+        Op::Pin { key } => {
+            let got = read(&store, key)?;
+            let readable = got.is_some();
+            model.observe(key, got, false)?;
+            // A pin succeeds exactly when the key can be read.
+            let pinned = store.pin("default", &format!("key-{key}")).map_err(fail)?;
+            prop_assert_eq!(pinned, readable, "pin of key-{} said {} but a read found {}", key, pinned, readable);
+        }
+        Op::Unpin { key } => {
+            store.unpin("default", &format!("key-{key}")).map_err(fail)?;
+        }
+        other => unreachable!("not a write or a read: {other:?}"),
+    }
     Ok(())
 }
 

@@ -364,6 +364,16 @@ impl Store {
         Ok(crate::reclaim::clean::clean_one(&self.parts)?.map(|c| c.segment))
     }
 
+    /// [`Store::clean_now`], calling `between` with the segment being cleaned once the cleaning
+    /// has planned what to keep and before it writes any of it: the window in which a client's
+    /// puts and deletes race a background cleaning, opened at a known point so that tests can
+    /// put operations in it. Not for serving.
+    #[doc(hidden)]
+    pub fn clean_now_around(&self, between: impl FnOnce(u32)) -> Result<Option<u32>> {
+        self.parts.ensure_open()?;
+        Ok(crate::reclaim::clean::clean_planned_then(&self.parts, None, between)?.map(|c| c.segment))
+    }
+
     /// Lets the checkpointer finish what it is writing and waits for it: the checkpoint `close`
     /// writes must be the last thing written to the volume.
     fn stop_checkpointer(&self) {
