@@ -651,11 +651,11 @@ fn apply(op: Op, store: &Store, model: &mut Model, recording: &Recording) -> Res
             }
         }
         Op::Get { key } => {
-            let got = read(&store, key)?;
+            let got = read(store, key)?;
             model.observe(key, got, false)?;
         }
         Op::Pin { key } => {
-            let got = read(&store, key)?;
+            let got = read(store, key)?;
             let readable = got.is_some();
             model.observe(key, got, false)?;
             // A pin succeeds exactly when the key can be read.

@@ -11,20 +11,20 @@
 //! record's expiry to the second; a block whose key was put again with the same bytes (a link to
 //! it) is still written, with the newer record's expiry but the older one's group and parent
 //! ([`relocate_block`]); a block whose key names it no more at its turn is written under the first
-//! key linked to it that still has its link, as an orphan the plan found is ([`relocate_all`]),
-//! rather than dropped with every key that names it. When a relocated block is also named by keys
-//! whose records lie elsewhere (links, or an older block record of the same bytes), replay would
-//! resolve those records only while the block's bytes are stored, and once the victim is freed its
-//! one record lies past them: each such key is linked again right after the block's new record,
-//! under the same condition (all of them, or none past [`MAX_RELINKS`]). Should any key name the
-//! block from a record other than those the cleaning wrote (one past that bound, one that came to
-//! name it during the cleaning, an expired one, one whose record could not be read), the victim is
-//! freed after a checkpoint, whatever its age (`reclaim::shared`). A recompressed block is the same
-//! block (same name, description, group, TTL) in another form, written under the same condition;
-//! only a block that one key names is recompressed (the others that name it would lose it with the
-//! segment; checked again when its record is reserved), a block stored lossy is never recoded by
-//! cleaning (its form is final), and one the namespace's policy does not allow to be recoded
-//! (`store/recode.rs`) is relocated as it is.
+//! of the next few keys linked to it that still has its link, as an orphan the plan found is
+//! ([`relocate_all`]), rather than dropped with every key that names it. When a relocated block is
+//! also named by keys whose records lie elsewhere (links, or an older block record of the same
+//! bytes), replay would resolve those records only while the block's bytes are stored, and once the
+//! victim is freed its one record lies past them: each such key is linked again right after the
+//! block's new record, under the same condition (all of them, or none past [`MAX_RELINKS`]). Should
+//! any key name the block from a record other than those the cleaning wrote (one past that bound,
+//! one that came to name it during the cleaning, an expired one, one whose record could not be
+//! read), the victim is freed after a checkpoint, whatever its age (`reclaim::shared`). A
+//! recompressed block is the same block (same name, description, group, TTL) in another form,
+//! written under the same condition; only a block that one key names is recompressed (the others
+//! that name it would lose it with the segment; checked again when its record is reserved), a block
+//! stored lossy is never recoded by cleaning (its form is final), and one the namespace's policy
+//! does not allow to be recoded (`store/recode.rs`) is relocated as it is.
 //!
 //! Pins. The victim is chosen among the segments that hold no pinned key's records while there
 //! is one (`choose_victim`); when every sealed segment holds one, a pinned key's block is still
@@ -203,10 +203,6 @@ pub(crate) fn clean_planned_then(
     let sealed = sealed_views(parts, &state);
     free_victim(parts, &mut state, &sealed, victim, moved_shared)?;
     parts.metrics.segments_cleaned.fetch_add(1, Ordering::Relaxed);
-    parts.metrics.relocated_records.fetch_add(cleaned.relocated, Ordering::Relaxed);
-    parts.metrics.relocated_bytes.fetch_add(cleaned.relocated_bytes, Ordering::Relaxed);
-    parts.metrics.recompressed_records.fetch_add(cleaned.recompressed, Ordering::Relaxed);
-    parts.metrics.recompressed_saved_bytes.fetch_add(cleaned.recompressed_saved_bytes, Ordering::Relaxed);
     tracing::debug!(
         segment = victim,
         relocated = cleaned.relocated,
@@ -499,6 +495,15 @@ impl Drop for Handed<'_> {
 /// blocks on a virtio disk took 1.6-2.8× as long at p99 as on a volume without cleaning, against
 /// 0.9-1.5× (docs/benchmarks.md). Returns the blocks written again, as they are or
 /// recompressed, and the keys whose records it wrote naming them.
+///
+/// A record is written again only while its key still has the record it was made from, and
+/// keeps that one's expiry to the second, its group and parent ([`carried_header`]). A link
+/// whose key has another record now, or has expired, is not written: it loses nothing, since
+/// its key's newer record lies elsewhere, and freeing checks for it (`reclaim::shared`). A block
+/// whose key was written again with the same bytes meanwhile (a link to them) is still that
+/// key's only stored copy of them, and every other key's: it is written again with the expiry
+/// of the key's newer record ([`relocate_block`]). A block whose key names it no more is written
+/// under a key that links to it, if one of the next few in the plan still does.
 fn relocate_all(
     parts: &Parts,
     victim: u32,
@@ -507,80 +512,112 @@ fn relocate_all(
     cleaned: &mut Cleaned,
     handed: &mut Handed<'_>,
 ) -> Result<Moved> {
-    let mut moved = Moved::default();
-    // The end of the window before this one, and the bytes handed in this one.
-    let mut previous: Option<Pos> = None;
-    let mut window = 0;
-    let started = Instant::now();
-    // A block whose key named it no more at its turn (written again with other bytes, or
-    // deleted, since the plan), and the keys tried since to hold it: the links that follow it
-    // in the plan name it too, and it is written under the first whose key still has its link,
-    // as an orphan found by the plan is, rather than dropped with every key that names it.
-    let mut unheld: Option<(&Relocation, usize)> = None;
-    for planned in plan {
-        let held;
-        let r = match unheld {
-            Some((block, tried))
-                if planned.block_at.is_none() && planned.content == block.content && tried < MAX_HOLDER_TRIES =>
-            {
-                unheld = Some((block, tried + 1));
-                let Some(at) = block.block_at else { continue };
-                held = held_block(at, block.header.clone(), planned.header.clone(), planned.record);
-                &held
+    let mut progress = Progress {
+        parts,
+        budget,
+        cleaned,
+        handed,
+        moved: Moved::default(),
+        previous: None,
+        window: 0,
+        started: Instant::now(),
+    };
+    // Each block with the links that follow it in the plan ([`in_order`]), then the links whose
+    // blocks lie elsewhere, a group per block.
+    for group in plan.chunk_by(|a, b| b.block_at.is_none() && b.content == a.content) {
+        let mut links = group.iter();
+        if let Some((block, at)) = group.first().and_then(|b| Some((b, b.block_at?))) {
+            links.next();
+            // Damaged, its links would name nothing once the victim is freed.
+            let Some(read) = read_block(parts, victim, block, at)? else { continue };
+            let mut written = relocate_read(parts, victim, block, &read)?.map(|w| (w, block.kfp));
+            // Its key names it no more (written again with other bytes, or deleted, since the
+            // plan): the links that follow it name it too, and it is written under the first of
+            // the next few whose key still has its link, as an orphan the plan found is, rather
+            // than dropped with every key that names it.
+            if written.is_none() {
+                for link in links.by_ref().take(MAX_HOLDER_TRIES) {
+                    let held = held_block(at, block.header.clone(), link.header.clone(), link.record);
+                    written = relocate_read(parts, victim, &held, &read)?.map(|w| (w, held.kfp));
+                    if written.is_some() {
+                        break;
+                    }
+                }
             }
-            _ => planned,
-        };
-        if r.after_block && !moved.blocks.contains(&r.content) {
-            continue;
+            let Some((written, kfp)) = written else { continue };
+            progress.wrote(written, kfp)?;
         }
-        let written = relocate(parts, victim, r)?;
-        if planned.block_at.is_some() {
-            unheld = written.is_none().then_some((planned, 0));
-        } else if r.holder.is_some() && written.is_some() {
-            unheld = None;
+        for link in links {
+            if link.after_block && !progress.moved.blocks.contains(&link.content) {
+                continue;
+            }
+            if let Some(written) = relink(parts, link)? {
+                progress.wrote(written, link.kfp)?;
+            }
         }
-        let Some(written) = written else { continue };
+    }
+    Ok(progress.moved)
+}
+
+/// A cleaning's writes so far: what they moved, counted, and the pace they keep.
+struct Progress<'p, 'h> {
+    parts: &'p Parts,
+    budget: Option<u64>,
+    cleaned: &'p mut Cleaned,
+    handed: &'p mut Handed<'h>,
+    moved: Moved,
+    /// The end of the window before this one, and the bytes handed in this one.
+    previous: Option<Pos>,
+    window: u64,
+    started: Instant,
+}
+
+impl Progress<'_, '_> {
+    /// `written`, a record naming its block under `kfp`, was handed to the writer: counted at
+    /// once (a cleaning that ends early wrote it all the same), and, once a window is full,
+    /// waited for the window before and paced to the budget.
+    fn wrote(&mut self, written: Written, kfp: KeyFp) -> Result<()> {
+        let metrics = &self.parts.metrics;
         if written.block {
-            moved.blocks.insert(written.content);
+            self.moved.blocks.insert(written.content);
         }
-        moved.namers.entry(written.content).or_default().insert(r.kfp);
-        handed.add(written.end);
-        cleaned.relocated += 1;
-        cleaned.relocated_bytes += written.bytes;
+        self.moved.namers.entry(written.content).or_default().insert(kfp);
+        self.handed.add(written.end);
+        self.cleaned.relocated += 1;
+        self.cleaned.relocated_bytes += written.bytes;
+        metrics.relocated_records.fetch_add(1, Ordering::Relaxed);
+        metrics.relocated_bytes.fetch_add(written.bytes, Ordering::Relaxed);
         if let Some(before) = written.recompressed_from {
-            cleaned.recompressed += 1;
-            cleaned.recompressed_saved_bytes += before.saturating_sub(written.bytes);
+            let saved = before.saturating_sub(written.bytes);
+            self.cleaned.recompressed += 1;
+            self.cleaned.recompressed_saved_bytes += saved;
+            metrics.recompressed_records.fetch_add(1, Ordering::Relaxed);
+            metrics.recompressed_saved_bytes.fetch_add(saved, Ordering::Relaxed);
         }
-        window += written.bytes;
-        if window < WINDOW_BYTES {
-            continue;
+        self.window += written.bytes;
+        if self.window < WINDOW_BYTES {
+            return Ok(());
         }
-        if let Some(end) = previous.replace(written.end) {
-            parts.log.wait_written(end)?;
+        if let Some(end) = self.previous.replace(written.end) {
+            self.parts.log.wait_written(end)?;
         }
-        window = 0;
-        if let Some(budget) = budget {
-            let due = Duration::from_secs_f64(cleaned.relocated_bytes as f64 / budget.max(1) as f64);
-            if let Some(rest) = due.checked_sub(started.elapsed()) {
-                if parts.free_segments() > 1 {
+        self.window = 0;
+        if let Some(budget) = self.budget {
+            let due = Duration::from_secs_f64(self.cleaned.relocated_bytes as f64 / budget.max(1) as f64);
+            if let Some(rest) = due.checked_sub(self.started.elapsed()) {
+                if self.parts.free_segments() > 1 {
                     std::thread::sleep(rest);
                 }
             }
         }
+        Ok(())
     }
-    Ok(moved)
 }
 
-/// Writes one relocation, if its key still has the record it was made from; hands it to the
-/// writer without waiting for it. The new record keeps the old one's expiry to the second, its
-/// group and parent.
-///
-/// A link whose key has another record now, or has expired, is not written: it loses nothing,
-/// since its key's newer record lies elsewhere, and freeing checks for it (`reclaim::shared`).
-/// A block whose key was written again with the same bytes meanwhile (a link to them) is still
-/// that key's only stored copy of them, and every other key's: it is written again with the
-/// expiry of the key's newer record ([`relocate_block`]).
-fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written>> {
+/// The header of the record `r` writes, made from the one it replaces (the key's own record
+/// for a block kept under a key that links to it), and that record's expiry (a Unix second, 0:
+/// never).
+fn carried_header(parts: &Parts, r: &Relocation) -> (RecordHeader, u32) {
     let now = parts.clock.now_unix_ms();
     let mut header = r.header.clone();
     header.namespace = r.namespace.clone();
@@ -591,23 +628,40 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
     header.group_id = named.group_id;
     header.parent_hash = named.parent_hash;
     header.segment_seq = 0;
-    let Some(loc) = r.block_at else {
-        if expires != 0 && expires <= now_s(now) {
-            // Expired since the plan: written again, it would be found again.
-            return Ok(None);
-        }
-        header.kind = RecordKind::Link;
-        header.stored_len = 0;
-        header.payload_crc = 0;
-        let item = Prepared::without_payload(header, r.kfp, r.content, Some(r.kfp)).replacing_record(r.record);
-        return Ok(append(parts, item)?.map(|(end, bytes, _)| Written {
-            end,
-            bytes,
-            recompressed_from: None,
-            content: r.content,
-            block: false,
-        }));
-    };
+    (header, expires)
+}
+
+/// Writes a link again ([`relocate_all`]).
+fn relink(parts: &Parts, r: &Relocation) -> Result<Option<Written>> {
+    let (mut header, expires) = carried_header(parts, r);
+    if expires != 0 && expires <= now_s(parts.clock.now_unix_ms()) {
+        // Expired since the plan: written again, it would be found again.
+        return Ok(None);
+    }
+    header.kind = RecordKind::Link;
+    header.stored_len = 0;
+    header.payload_crc = 0;
+    let item = Prepared::without_payload(header, r.kfp, r.content, Some(r.kfp)).replacing_record(r.record);
+    Ok(append(parts, item)?.map(|(end, bytes, _)| Written {
+        end,
+        bytes,
+        recompressed_from: None,
+        content: r.content,
+        block: false,
+    }))
+}
+
+/// A block's record read from the victim and checked.
+struct ReadBlock {
+    buf: Arc<PooledBuf>,
+    /// Where its payload lies in `buf`.
+    start: usize,
+    len: usize,
+}
+
+/// The record of the block `r` relocates, at `loc` in the victim; `None` when it fails its
+/// checks (said at warn level: the block is dropped, and with it the keys that name it).
+fn read_block(parts: &Parts, victim: u32, r: &Relocation, loc: Loc) -> Result<Option<ReadBlock>> {
     let mut read = parts.pool.get(r.header.record_bytes() as usize);
     parts.log.dev.read_at(&mut read, parts.log.sb.unit_offset(victim, loc.unit))?;
     let on_disk = RecordHeader::decode(&read);
@@ -615,11 +669,17 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
         tracing::warn!(segment = victim, unit = loc.unit, "a block to relocate is damaged; dropping it");
         return Ok(None);
     }
-    let start = r.header.payload_offset() as usize;
-    let len = r.header.stored_len as usize;
-    let buf = Arc::new(read);
-    if let Some(spec) = r.recode {
-        let frame = Block::new(Bytes::Shared(Arc::clone(&buf)), start, len, BlockMeta::of(r.header.clone(), loc));
+    let (start, len) = (r.header.payload_offset() as usize, r.header.stored_len as usize);
+    Ok(Some(ReadBlock { buf: Arc::new(read), start, len }))
+}
+
+/// Writes the block `r` relocates again from its record `read`, recompressed if placement asked
+/// and it may be ([`relocate_all`]).
+fn relocate_read(parts: &Parts, victim: u32, r: &Relocation, read: &ReadBlock) -> Result<Option<Written>> {
+    let (mut header, _) = carried_header(parts, r);
+    let ReadBlock { buf, start, len } = read;
+    if let (Some(spec), Some(loc)) = (r.recode, r.block_at) {
+        let frame = Block::new(Bytes::Shared(Arc::clone(buf)), *start, *len, BlockMeta::of(r.header.clone(), loc));
         if let Some((mut new_header, stored)) = recoded_form(parts, r, frame, spec) {
             (new_header.created_unix_ms, new_header.ttl_secs) = (header.created_unix_ms, header.ttl_secs);
             // Only while this key alone names the block, from the same record: a key that came
@@ -643,7 +703,7 @@ fn relocate(parts: &Parts, victim: u32, r: &Relocation) -> Result<Option<Written
         }
     }
     header.kind = RecordKind::Block;
-    let stored = buf.get(start..start + len).unwrap_or_default();
+    let stored = buf.get(*start..*start + *len).unwrap_or_default();
     relocate_block(parts, r, header, stored)
 }
 

@@ -110,10 +110,16 @@ impl<'a> Prepared<'a> {
     }
 
     /// This record may be reserved only while its condition's key still has its record at
-    /// `record`.
+    /// `record`: a record cleaning writes again in place of that one, which metrics count as a
+    /// relocation, not a put ([`Prepared::is_relocation`]).
     pub(crate) fn replacing_record(mut self, record: Loc) -> Prepared<'a> {
         self.record = Some(record);
         self
+    }
+
+    /// Whether this record is one cleaning writes again ([`Prepared::replacing_record`]).
+    fn is_relocation(&self) -> bool {
+        self.record.is_some()
     }
 
     /// The bytes the record stores.
@@ -380,7 +386,7 @@ impl Parts {
         debug_assert_eq!(unit, loc.unit);
         // A record cleaning writes again is a relocation (counted by cleaning), not a put:
         // write amplification divides the one by the other.
-        if item.record.is_none() {
+        if !item.is_relocation() {
             self.metrics.count_put(&item.header);
         }
         Ok(WriteJob { buf, loc, seq, key: item.key })

@@ -1452,18 +1452,24 @@ fn a_key_linked_to_a_relocated_block_keeps_it_after_a_crash() {
 
 /// A block whose key is put again with other bytes, or deleted, after the cleaning planned to
 /// write it again, and before it did, is still the block two other keys link to: it is written
-/// under the first of them (the other linked again after it), the victim is freed without a
-/// checkpoint, and both keep it through a crash, while the changed keys keep their change.
+/// under the first of them that still links to it (the other linked again after it), the victim
+/// is freed without a checkpoint, and both keep it through a crash, while the changed keys keep
+/// their change. The first key's link lies in the victim or in the next segment.
 #[test]
 fn a_block_whose_key_changes_while_it_is_cleaned_is_kept_for_the_keys_linked_to_it() {
-    // What changes: x deleted (or put again), and k deleted too (k2 then holds the block).
-    for (delete, k_too) in [(false, false), (true, false), (false, true)] {
+    // What changes: x put again or deleted; k deleted too (k2 then holds the block) or not.
+    for (delete, k_too, k_in_victim) in (0..8).map(|i| (i & 1 == 1, i & 2 == 2, i & 4 == 4)) {
         let (dev, s, opts) = lru_volume(1000);
         let shared = block(1, 300_000);
         let other = block(2, 300_000);
         s.put("default", "x", &shared, &synced()).unwrap();
+        if k_in_victim {
+            s.put("default", "k", &shared, &synced()).unwrap();
+        }
         fill(&s, 0..4);
-        s.put("default", "k", &shared, &synced()).unwrap();
+        if !k_in_victim {
+            s.put("default", "k", &shared, &synced()).unwrap();
+        }
         s.put("default", "k2", &shared, &synced()).unwrap();
         fill(&s, 4..9);
         assert_eq!(get(&s, "x").as_deref(), Some(&shared[..]));
@@ -1484,13 +1490,14 @@ fn a_block_whose_key_changes_while_it_is_cleaned_is_kept_for_the_keys_linked_to_
                     assert!(s.delete("default", "k", Durability::Synced).unwrap());
                 }
             };
-            let done = crate::reclaim::clean::clean_planned_then(&s.parts, None, change).unwrap();
-            cleaned.push(done.expect("a segment to clean").segment);
+            cleaned.push(s.clean_now_around(change).unwrap().expect("a segment to clean"));
             assert!(cleaned.len() < 8, "segment 0 was never cleaned: {cleaned:?}");
         }
         let changed = (!delete).then_some(&other[..]);
-        let why =
-            format!("x {}{}", if delete { "deleted" } else { "put again" }, if k_too { ", k deleted" } else { "" });
+        let why = format!(
+            "x {}, k deleted: {k_too}, k in the victim: {k_in_victim}",
+            ["put again", "deleted"][usize::from(delete)]
+        );
         assert_eq!(s.stats().checkpoints, checkpoints, "{why}: freed after a checkpoint");
         for mode in [None, Some(CrashMode::KeepAll), Some(CrashMode::DropAll)] {
             let reopened;
