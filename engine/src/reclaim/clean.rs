@@ -9,22 +9,22 @@
 //! back. Each relocation is written only if its key still has the record it was made from when it
 //! is reserved, so that a key written or deleted meanwhile keeps its newer state, and keeps that
 //! record's expiry to the second; a block whose key was put again with the same bytes (a link to
-//! it) is still written, with the newer record's expiry but the older one's group and parent
-//! ([`relocate_block`]); a block whose key names it no more at its turn is written under the first
-//! of the next few keys linked to it that still has its link, as an orphan the plan found is
-//! ([`relocate_all`]), rather than dropped with every key that names it. When a relocated block is
-//! also named by keys whose records lie elsewhere (links, or an older block record of the same
-//! bytes), replay would resolve those records only while the block's bytes are stored, and once the
-//! victim is freed its one record lies past them: each such key is linked again right after the
-//! block's new record, under the same condition (all of them, or none past [`MAX_RELINKS`]). Should
-//! any key name the block from a record other than those the cleaning wrote (one past that bound,
-//! one that came to name it during the cleaning, an expired one, one whose record could not be
-//! read), the victim is freed after a checkpoint, whatever its age (`reclaim::shared`). A
-//! recompressed block is the same block (same name, description, group, TTL) in another form,
-//! written under the same condition; only a block that one key names is recompressed (the others
-//! that name it would lose it with the segment; checked again when its record is reserved), a block
-//! stored lossy is never recoded by cleaning (its form is final), and one the namespace's policy
-//! does not allow to be recoded (`store/recode.rs`) is relocated as it is.
+//! it) is still written, with the newer record's expiry, group and parent ([`relocate_block`]); a
+//! block whose key names it no more at its turn is written under the first of the next few keys
+//! linked to it that still has its link, as an orphan the plan found is ([`relocate_all`]), rather
+//! than dropped with every key that names it. When a relocated block is also named by keys whose
+//! records lie elsewhere (links, or an older block record of the same bytes), replay would resolve
+//! those records only while the block's bytes are stored, and once the victim is freed its one
+//! record lies past them: each such key is linked again right after the block's new record, under
+//! the same condition (all of them, or none past [`MAX_RELINKS`]). Should any key name the block
+//! from a record other than those the cleaning wrote (one past that bound, one that came to name it
+//! during the cleaning, an expired one, one whose record could not be read), the victim is freed
+//! after a checkpoint, whatever its age (`reclaim::shared`). A recompressed block is the same block
+//! (same name, description, group, TTL) in another form, written under the same condition; only a
+//! block that one key names is recompressed (the others that name it would lose it with the
+//! segment; checked again when its record is reserved), a block stored lossy is never recoded by
+//! cleaning (its form is final), and one the namespace's policy does not allow to be recoded
+//! (`store/recode.rs`) is relocated as it is.
 //!
 //! Pins. The victim is chosen among the segments that hold no pinned key's records while there
 //! is one (`choose_victim`); when every sealed segment holds one, a pinned key's block is still
@@ -710,9 +710,10 @@ fn relocate_read(parts: &Parts, victim: u32, r: &Relocation, read: &ReadBlock) -
 /// Writes a block again under its key, from the record the key has: the one the cleaning planned
 /// from or, when the key was written again with the same bytes since (a link to the block in
 /// the victim, written before the block's new record), that newer record, whose expiry it then
-/// takes (its group and parent stay the older record's: the index does not hold them). Asked
-/// again each time the key's record changes, a few times at most; `None` once the key names
-/// other bytes or none, or the bytes are stored outside the victim.
+/// takes, and its group and parent, read from its header (the index does not hold them; should
+/// the header not read as that record's, the older record's stay). Asked again each time the
+/// key's record changes, a few times at most; `None` once the key names other bytes or none, or
+/// the bytes are stored outside the victim.
 fn relocate_block(parts: &Parts, r: &Relocation, mut header: RecordHeader, stored: &[u8]) -> Result<Option<Written>> {
     let mut record = r.record;
     for _ in 0..4 {
@@ -732,8 +733,24 @@ fn relocate_block(parts: &Parts, r: &Relocation, mut header: RecordHeader, store
         let Some((newer, expires)) = newer else { return Ok(None) };
         record = newer;
         (header.created_unix_ms, header.ttl_secs) = carry_expiry(expires, parts.clock.now_unix_ms());
+        if let Some(h) = newer_header(parts, r, newer) {
+            (header.group_id, header.parent_hash) = (h.group_id, h.parent_hash);
+        }
     }
     Ok(None)
+}
+
+/// The header of `r`'s key's record at `at`, if it reads as that record: of the segment's
+/// current use, the key's, naming the block. A link a put has reserved but not yet written
+/// leaves an older use's bytes there, and a read that fails is said at debug level: either
+/// way, none.
+fn newer_header(parts: &Parts, r: &Relocation, at: Loc) -> Option<RecordHeader> {
+    let seq = parts.log.lock().segments.get(at.segment as usize).map(|s| s.seq)?;
+    let header = own_header(parts, at, seq).unwrap_or_else(|e| {
+        tracing::debug!(segment = at.segment, unit = at.unit, error = %e, "cannot read a key's newer record");
+        None
+    })?;
+    (key_fp(&header.namespace, &header.key) == r.kfp && header_fp(&header) == r.content).then_some(header)
 }
 
 /// Seconds since the Unix epoch at `now_ms`, as expiry times count them.

@@ -1518,6 +1518,39 @@ fn a_block_whose_key_changes_while_it_is_cleaned_is_kept_for_the_keys_linked_to_
     }
 }
 
+/// A key put again with its own bytes and another group while the cleaning that writes its
+/// block again runs: the block written again takes the newer record's group, through a crash.
+#[test]
+fn a_key_put_again_with_its_bytes_during_its_cleaning_keeps_the_newer_group() {
+    let (dev, s, opts) = lru_volume(1000);
+    let bytes = block(1, 300_000);
+    s.put("default", "x", &bytes, &PutOptions { group: Some(1), ..synced() }).unwrap();
+    fill(&s, 0..9);
+    assert_eq!(get(&s, "x").as_deref(), Some(&bytes[..]));
+    let mut cleaned = Vec::new();
+    while !cleaned.contains(&0) {
+        let again = |victim| {
+            if victim == 0 {
+                s.put("default", "x", &bytes, &PutOptions { group: Some(7), ..synced() }).unwrap();
+            }
+        };
+        cleaned.push(s.clean_now_around(again).unwrap().expect("a segment to clean"));
+        assert!(cleaned.len() < 8, "segment 0 was never cleaned: {cleaned:?}");
+    }
+    let group_of = |s: &Store| {
+        let at = s.parts.index_read().key(&crate::index::key_fp("default", "x")).expect("x is stored").record;
+        assert_ne!(at.segment, 0, "x's record is still in the victim");
+        s.parts.header_at(at).unwrap().expect("x's record reads").group_id
+    };
+    assert_eq!(group_of(&s), Some(7));
+    for mode in [CrashMode::KeepAll, CrashMode::DropAll] {
+        let s2 = Store::open_on(Arc::new(dev.crash(mode)), opts.clone()).unwrap();
+        assert!(get(&s2, "x").as_deref() == Some(&bytes[..]), "{mode:?}: x lost its bytes");
+        assert_eq!(group_of(&s2), Some(7), "{mode:?}");
+    }
+    std::mem::forget(s);
+}
+
 /// A key linked again by cleaning keeps its expiry to the second, through a crash: neither a
 /// second later nor never.
 #[test]
