@@ -619,9 +619,12 @@ fn apply(op: Op, store: &Store, model: &mut Model, recording: &Recording) -> Res
                 key,
                 existed
             );
-            // Deleting a missing key writes nothing, so it syncs nothing either; a key the
-            // planner dropped gets its tombstone all the same (a crash could bring it back).
-            model.write(key, None, synced && (existed || unsure));
+            // Deleting a missing key writes nothing, so it syncs nothing either. A key the
+            // planner dropped gets its tombstone all the same (a crash could bring it back), but
+            // only if the store removed it: the planner may hand over a key the store no longer
+            // holds (here its state outlives a crash, which lost the key), and the store then
+            // writes nothing. So only a delete that found its key is known to sync.
+            model.write(key, None, synced && existed);
         }
         Op::Rename { from, to, synced } => {
             let durability = if synced { Durability::Synced } else { Durability::Written };
