@@ -112,9 +112,15 @@ fn held_block(block_at: Loc, header: RecordHeader, holder: RecordHeader, own: Lo
 }
 
 /// Keys whose links follow a block in the plan a cleaning tries to write that block under, at
-/// most, when its own key names it no more at its turn ([`relocate_all`]): each try reads the
-/// block again.
+/// most, when its own key names it no more at its turn ([`relocate_all`]): each try builds the
+/// block's record again (a copy of its bytes) to have it refused if that key changed too, and a
+/// block that many keys let go of during one cleaning is rare enough to drop.
 const MAX_HOLDER_TRIES: usize = 4;
+
+/// Times a block is offered under its key's newer record when the key is put again with the
+/// same bytes while the block is written ([`relocate_block`]); a key put again that often during
+/// one block's write loses it, as an eviction.
+const REWRITE_TRIES: usize = 8;
 
 /// Keys a cleaning links again, at most: past it, none is, and freeing the victim writes a
 /// checkpoint instead (a block a great many keys name costs fewer bytes that way).
@@ -398,6 +404,11 @@ fn segment_seqs(parts: &Parts) -> Vec<u64> {
     parts.log.lock().segments.iter().map(|s| s.seq).collect()
 }
 
+/// The seq of `segment`'s current use.
+fn segment_seq(parts: &Parts, segment: u32) -> Option<u64> {
+    parts.log.lock().segments.get(segment as usize).map(|s| s.seq)
+}
+
 /// Links written again, each after its block's new record, for the keys that name a block the
 /// cleaning writes again from a record outside the victim (`named`: the block, the key, its
 /// record; `seqs`: each segment's current use).
@@ -545,14 +556,14 @@ fn relocate_all(
                 }
             }
             let Some((written, kfp)) = written else { continue };
-            progress.wrote(written, kfp)?;
+            progress.handed(written, kfp)?;
         }
         for link in links {
             if link.after_block && !progress.moved.blocks.contains(&link.content) {
                 continue;
             }
             if let Some(written) = relink(parts, link)? {
-                progress.wrote(written, link.kfp)?;
+                progress.handed(written, link.kfp)?;
             }
         }
     }
@@ -574,9 +585,9 @@ struct Progress<'p, 'h> {
 
 impl Progress<'_, '_> {
     /// `written`, a record naming its block under `kfp`, was handed to the writer: counted at
-    /// once (a cleaning that ends early wrote it all the same), and, once a window is full,
-    /// waited for the window before and paced to the budget.
-    fn wrote(&mut self, written: Written, kfp: KeyFp) -> Result<()> {
+    /// once (a cleaning that ends early has it written all the same, unless the log fails), and,
+    /// once a window is full, the window before is waited for and the pace kept to the budget.
+    fn handed(&mut self, written: Written, kfp: KeyFp) -> Result<()> {
         let metrics = &self.parts.metrics;
         if written.block {
             self.moved.blocks.insert(written.content);
@@ -710,13 +721,13 @@ fn relocate_read(parts: &Parts, victim: u32, r: &Relocation, read: &ReadBlock) -
 /// Writes a block again under its key, from the record the key has: the one the cleaning planned
 /// from or, when the key was written again with the same bytes since (a link to the block in
 /// the victim, written before the block's new record), that newer record, whose expiry it then
-/// takes, and its group and parent, read from its header (the index does not hold them; should
-/// the header not read as that record's, the older record's stay). Asked again each time the
-/// key's record changes, a few times at most; `None` once the key names other bytes or none, or
-/// the bytes are stored outside the victim.
+/// takes, and its group and parent, read from its header once it is written (the index does not
+/// hold them; should the header not read as that record's, the older record's stay). Asked again
+/// each time the key's record changes, [`REWRITE_TRIES`] times at most; `None` once the key
+/// names other bytes or none, or the bytes are stored outside the victim.
 fn relocate_block(parts: &Parts, r: &Relocation, mut header: RecordHeader, stored: &[u8]) -> Result<Option<Written>> {
     let mut record = r.record;
-    for _ in 0..4 {
+    for _ in 0..REWRITE_TRIES {
         let item = Prepared::replacing(header.clone(), stored, &parts.pool, r.kfp, r.content).replacing_record(record);
         if let Some((end, bytes, block)) = append(parts, item)? {
             return Ok(Some(Written { end, bytes, recompressed_from: None, content: r.content, block }));
@@ -742,15 +753,21 @@ fn relocate_block(parts: &Parts, r: &Relocation, mut header: RecordHeader, store
 
 /// The header of `r`'s key's record at `at`, if it reads as that record: of the segment's
 /// current use, the key's, naming the block. A link a put has reserved but not yet written
-/// leaves an older use's bytes there, and a read that fails is said at debug level: either
-/// way, none.
+/// leaves an older use's bytes there: it is read again once its first unit is written. A read
+/// that fails, or a log that fails meanwhile, is said at debug level: none.
 fn newer_header(parts: &Parts, r: &Relocation, at: Loc) -> Option<RecordHeader> {
-    let seq = parts.log.lock().segments.get(at.segment as usize).map(|s| s.seq)?;
-    let header = own_header(parts, at, seq).unwrap_or_else(|e| {
-        tracing::debug!(segment = at.segment, unit = at.unit, error = %e, "cannot read a key's newer record");
-        None
-    })?;
-    (key_fp(&header.namespace, &header.key) == r.kfp && header_fp(&header) == r.content).then_some(header)
+    let seq = segment_seq(parts, at.segment)?;
+    let read = || match own_header(parts, at, seq) {
+        Ok(h) => h.filter(|h| key_fp(&h.namespace, &h.key) == r.kfp && header_fp(h) == r.content),
+        Err(e) => {
+            tracing::debug!(segment = at.segment, unit = at.unit, error = %e, "cannot read a key's newer record");
+            None
+        }
+    };
+    read().or_else(|| {
+        parts.log.wait_written(Pos { seq, unit: at.unit + 1 }).ok()?;
+        read()
+    })
 }
 
 /// Seconds since the Unix epoch at `now_ms`, as expiry times count them.
