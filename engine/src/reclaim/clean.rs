@@ -336,7 +336,7 @@ fn plan(parts: &Parts, victim: u32, seq: u64) -> Result<Vec<Relocation>> {
         .collect();
     let mut namers: HashMap<u32, Vec<(KeyFp, Loc)>> = HashMap::new();
     if !many.is_empty() {
-        for k in index.keys().filter(|k| many.contains(&k.content) && !is_expired(k, now_s)) {
+        for k in index.keys_naming(many.iter().copied()).filter(|k| !is_expired(k, now_s)) {
             namers.entry(k.content).or_default().push((k.fp, k.record));
         }
     }
