@@ -294,14 +294,6 @@ impl Model {
         }
     }
 
-    /// `key` cannot come back after a crash, whatever else does.
-    fn gone_for_good(&mut self, key: u8) {
-        self.durable.insert(key, None);
-        self.since_sync.remove(&key);
-        self.resurrect.remove(&key);
-        self.resurrect_unsynced.remove(&key);
-    }
-
     fn synced(&mut self) {
         self.durable = self.current.clone();
         self.since_sync.clear();
@@ -659,15 +651,11 @@ fn apply(op: Op, store: &Store, model: &mut Model, recording: &Recording) -> Res
                 existed
             );
             // Deleting a missing key writes nothing, so it syncs nothing either. A key the
-            // planner dropped (one the store held: the planner may hand over a key the store no
-            // longer holds, here as its state outlives a crash that lost the key) gets its
-            // tombstone all the same, unless a durable checkpoint taken after the drop already
-            // keeps it from coming back: either way, a synced delete leaves it gone for good,
-            // but only a delete that found its key is known to sync the rest.
-            model.write(key, None, synced && existed);
-            if synced && !existed && unsure && expected {
-                model.gone_for_good(key);
-            }
+            // planner dropped gets its tombstone all the same (a crash could bring it back), but
+            // only if the store removed it, that is if it held it: the planner may hand over a
+            // key the store no longer holds (here its state outlives a crash, which lost the
+            // key), and the store then writes nothing.
+            model.write(key, None, synced && (existed || (unsure && expected)));
         }
         Op::Rename { from, to, synced } => {
             let durability = if synced { Durability::Synced } else { Durability::Written };

@@ -49,9 +49,6 @@ pub(crate) struct Checkpoints {
     covers: Mutex<Vec<SegmentState>>,
     /// Snapshots for the background thread; `None` once it is stopped.
     jobs: Mutex<Option<Sender<Job>>>,
-    /// Seq of the newest checkpoint written, read without waiting for a write under way (0:
-    /// none since open).
-    durable: AtomicU64,
     /// Checkpoints written.
     written: AtomicU64,
     /// Checkpoints that could not be written.
@@ -67,7 +64,6 @@ impl Checkpoints {
             saved: Mutex::new(0),
             covers: Mutex::new(covers),
             jobs: Mutex::new(None),
-            durable: AtomicU64::new(0),
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
         }
@@ -150,17 +146,10 @@ impl Checkpoints {
         }
         if self.store.save(log.dev.as_ref(), cp)? {
             *last = cp.checkpoint_seq;
-            self.durable.store(cp.checkpoint_seq, Ordering::Release);
             *self.covers.lock().unwrap_or_else(|e| e.into_inner()) = cp.segments.clone();
             self.written.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
-    }
-
-    /// Seq of the newest checkpoint written since open and durable (0: none): recovery would start
-    /// from it or a newer one.
-    pub(crate) fn durable_seq(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
     }
 
     /// Counts a checkpoint that could not be written.

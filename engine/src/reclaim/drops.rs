@@ -7,31 +7,26 @@
 //! record or it is written again; a checkpoint written before a segment that is not the oldest is
 //! freed (`super::free_victim`) keeps an older version of a dropped key from coming back, as it
 //! does for every key that segment held. A client that deletes a dropped key still gets its
-//! tombstone written ([`DroppedKeys`]) until a checkpoint snapshotted after the drop is durable:
-//! a crash never brings back a key its client deleted. The same set covers a segment that reclaim
-//! or cleaning frees, until its freeing is durable.
+//! tombstone written ([`DroppedKeys`]): a crash never brings back a key its client deleted. The
+//! same set covers a segment that reclaim or cleaning frees, until its freeing is durable.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use crate::index::KeyFp;
 use crate::parts::Parts;
 
-/// Keys remembered as dropped, at most, before those a durable checkpoint covers are forgotten
-/// and, if that is not enough, a delete of an absent key writes its tombstone whatever the key
-/// until the next checkpoint is durable (about 50 MB).
+/// Keys remembered as dropped before a delete of an absent key writes its tombstone whatever the
+/// key (about 50 MB).
 const MAX_REMEMBERED: usize = 1 << 20;
 
 /// Keys whose records a crash may still bring back although the index no longer names them: a
 /// delete of one writes its tombstone, or a crash could bring back a key its client deleted.
 ///
 /// - Keys placement dropped. A key is forgotten once any record of it is written (a put, a link,
-///   a tombstone: the newest record wins at recovery), or once a checkpoint whose snapshot was
-///   taken after its drop is durable: recovery starts from that checkpoint, which does not hold
-///   the key, and replays only records written after the snapshot, none of them the key's.
-///   Past [`MAX_REMEMBERED`] keys not yet covered so, every delete of an absent key writes its
-///   tombstone until a checkpoint covers them all.
+///   a tombstone: the newest record wins at recovery). Past [`MAX_REMEMBERED`] keys, every delete
+///   of an absent key writes its tombstone until the store is opened again.
 /// - Every key, while a reclaimed or cleaned segment is out of the index but its freeing is not
 ///   yet durable ([`DroppedKeys::open_window`]): a delete does not take the log lock to find its
 ///   key absent, so it could otherwise return before the segment's header is erased.
@@ -44,13 +39,8 @@ pub(crate) struct DroppedKeys {
 
 #[derive(Debug, Default)]
 struct Dropped {
-    /// Each key, with the seq of the first checkpoint snapshotted after its drop: once a
-    /// checkpoint that new is durable, a crash cannot bring the key back.
-    keys: HashMap<KeyFp, u64>,
-    /// Every absent key may come back until a checkpoint of this seq is durable (0: none): too
-    /// many keys were remembered at once.
-    every_until: u64,
-    /// Every absent key may come back until the store is opened again: a freed segment's drop
+    keys: HashSet<KeyFp>,
+    /// Every absent key may come back: too many were remembered, or a freed segment's drop
     /// could not be made durable.
     every: bool,
     /// Open [`DropWindow`]s.
@@ -62,22 +52,13 @@ impl DroppedKeys {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Placement dropped `key` while `covered_by` was the seq the next checkpoint snapshot would
-    /// take; `durable` is the seq of the newest checkpoint durable now.
-    fn insert(&self, key: KeyFp, covered_by: u64, durable: u64) {
-        self.insert_at_most(key, covered_by, durable, MAX_REMEMBERED);
-    }
-
-    fn insert_at_most(&self, key: KeyFp, covered_by: u64, durable: u64, max: usize) {
+    fn insert(&self, key: KeyFp) {
         let mut state = self.lock();
-        if state.keys.len() >= max {
-            state.keys.retain(|_, until| *until > durable);
+        if state.keys.len() >= MAX_REMEMBERED {
+            state.keys = HashSet::new();
+            state.every = true;
         }
-        if state.keys.len() >= max {
-            state.keys = HashMap::new();
-            state.every_until = state.every_until.max(covered_by);
-        }
-        state.keys.insert(key, covered_by);
+        state.keys.insert(key);
     }
 
     /// A record of `key` was written: it supersedes the dropped one.
@@ -88,14 +69,10 @@ impl DroppedKeys {
         }
     }
 
-    /// Whether a crash could bring back a record of `key` that the index no longer names, with
-    /// `durable` the seq of the newest checkpoint durable now.
-    pub(crate) fn may_hold(&self, key: &KeyFp, durable: u64) -> bool {
+    /// Whether a crash could bring back a record of `key` that the index no longer names.
+    pub(crate) fn may_hold(&self, key: &KeyFp) -> bool {
         let state = self.lock();
-        state.every
-            || state.windows > 0
-            || state.every_until > durable
-            || state.keys.get(key).is_some_and(|until| *until > durable)
+        state.every || state.windows > 0 || state.keys.contains(key)
     }
 
     /// Every key may come back until the window is closed: open it before a segment's keys
@@ -141,17 +118,14 @@ pub(crate) fn apply(parts: &Parts) {
     let mut removed = 0;
     // Under the log lock, as every change a record makes: a put that found the bytes it links
     // to stored, and reserved its link, applies it before this can take the bytes' last key.
-    // The next checkpoint snapshot, under the same lock, is taken after these drops.
     let log = parts.log.lock();
-    let covered_by = log.next_checkpoint_seq;
-    let durable = parts.checkpoints.durable_seq();
     let mut index = parts.index_write();
     for (key, record) in keys.into_iter().filter(|(k, _)| !pinned.contains(&k.0)) {
         // Only the record it was dropped at: a key written again since (put, linked, renamed
         // to), or deleted, expired or reclaimed, keeps what it is now.
         if index.key(&key.0).is_some_and(|e| e.record == record) && parts.unindex_key(&mut index, &key.0) {
             removed += 1;
-            parts.dropped_keys.insert(key.0, covered_by, durable);
+            parts.dropped_keys.insert(key.0);
         }
     }
     drop(index);
@@ -170,49 +144,23 @@ mod tests {
     #[test]
     fn every_key_may_come_back_while_a_window_is_open_and_none_after_it_closes() {
         let keys = DroppedKeys::default();
-        keys.insert(key(1), 1, 0);
-        assert!(keys.may_hold(&key(1), 0) && !keys.may_hold(&key(2), 0));
+        keys.insert(key(1));
+        assert!(keys.may_hold(&key(1)) && !keys.may_hold(&key(2)));
         let a = keys.open_window();
         let b = keys.open_window();
-        assert!(keys.may_hold(&key(2), 0));
+        assert!(keys.may_hold(&key(2)));
         a.close();
-        assert!(keys.may_hold(&key(2), 0), "one window is still open");
+        assert!(keys.may_hold(&key(2)), "one window is still open");
         b.close();
-        assert!(!keys.may_hold(&key(2), 0));
+        assert!(!keys.may_hold(&key(2)));
         keys.forget(&key(1));
-        assert!(!keys.may_hold(&key(1), 0));
+        assert!(!keys.may_hold(&key(1)));
     }
 
     #[test]
     fn a_window_dropped_before_its_freeing_was_durable_leaves_every_key_in_doubt() {
         let keys = DroppedKeys::default();
         drop(keys.open_window());
-        assert!(keys.may_hold(&key(3), u64::MAX), "until the store is opened again");
-    }
-
-    #[test]
-    fn a_dropped_key_is_in_doubt_until_a_checkpoint_snapshotted_after_its_drop_is_durable() {
-        let keys = DroppedKeys::default();
-        // Dropped while the next snapshot would be checkpoint 5.
-        keys.insert(key(1), 5, 4);
-        assert!(keys.may_hold(&key(1), 4), "checkpoint 4 was snapshotted before the drop");
-        assert!(!keys.may_hold(&key(1), 5));
-        assert!(!keys.may_hold(&key(1), 6));
-    }
-
-    #[test]
-    fn past_the_bound_the_covered_keys_go_first_then_every_key_is_in_doubt_until_a_checkpoint() {
-        let keys = DroppedKeys::default();
-        keys.insert_at_most(key(1), 3, 2, 2);
-        keys.insert_at_most(key(2), 3, 2, 2);
-        // Checkpoint 3 is durable now: keys 1 and 2 are forgotten to make room.
-        keys.insert_at_most(key(3), 4, 3, 2);
-        assert_eq!(keys.lock().keys.len(), 1);
-        assert!(keys.may_hold(&key(3), 3) && !keys.may_hold(&key(9), 3));
-        // Nothing covered: every absent key is in doubt until checkpoint 4 is durable.
-        keys.insert_at_most(key(4), 4, 3, 2);
-        keys.insert_at_most(key(5), 4, 3, 2);
-        assert!(keys.may_hold(&key(9), 3));
-        assert!(!keys.may_hold(&key(9), 4) && !keys.may_hold(&key(3), 4));
+        assert!(keys.may_hold(&key(3)));
     }
 }

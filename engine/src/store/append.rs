@@ -258,7 +258,7 @@ impl Parts {
             let tombstone_of_nothing = |item: &Prepared<'_>| {
                 item.header.kind == RecordKind::Tombstone
                     && self.index_read().key(&item.key).is_none()
-                    && !self.dropped_keys.may_hold(&item.key, self.checkpoints.durable_seq())
+                    && !self.dropped_keys.may_hold(&item.key)
             };
             if tombstone_of_nothing(item) {
                 continue;

@@ -112,7 +112,7 @@ impl Store {
         // A key placement dropped is absent from the index, but a crash could bring its record
         // back: its tombstone is written all the same, and it did not exist.
         let present = parts.index_read().key(&kfp).is_some();
-        if !present && !parts.dropped_keys.may_hold(&kfp, parts.checkpoints.durable_seq()) {
+        if !present && !parts.dropped_keys.may_hold(&kfp) {
             return Ok(false);
         }
         let header = tombstone(namespace, key, parts.clock.now_unix_ms());
