@@ -3,6 +3,8 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use kvhoard_format::checkpoint::Checkpoint;
 use kvhoard_format::superblock::Superblock;
@@ -46,6 +48,11 @@ pub enum CheckpointStore {
         offset: u64,
         /// Bytes per slot.
         slot_bytes: u64,
+        /// The slot of the newest checkpoint this store read or wrote, plus one (0: none
+        /// known). The next one is written to the other slot, so that a write a crash tears
+        /// leaves the newest readable; the parity of seqs would not do, since seqs are skipped
+        /// (a snapshot superseded before it was written, one that did not fit its slot).
+        newest: Arc<AtomicU64>,
     },
     /// Nowhere: every open replays the summaries.
     None,
@@ -57,7 +64,9 @@ impl CheckpointStore {
         match (sb.checkpoint_slot_bytes, meta_dir) {
             (0, Some(dir)) => CheckpointStore::Files { dir },
             (0, None) => CheckpointStore::None,
-            (slot_bytes, _) => CheckpointStore::Slots { offset: sb.checkpoint_offset, slot_bytes },
+            (slot_bytes, _) => {
+                CheckpointStore::Slots { offset: sb.checkpoint_offset, slot_bytes, newest: Arc::new(AtomicU64::new(0)) }
+            }
         }
     }
 
@@ -80,24 +89,25 @@ impl CheckpointStore {
 
     /// Like [`CheckpointStore::load`], saying why there is no usable checkpoint.
     pub fn load_verbose(&self, dev: &dyn BlockDevice, volume_id: [u8; 16]) -> Result<Checkpoint, LoadError> {
-        let candidates: Vec<Vec<u8>> = match self {
+        // Each with its slot (0 for the file).
+        let candidates: Vec<(u64, Vec<u8>)> = match self {
             CheckpointStore::Files { dir } => match std::fs::read(dir.join(CHECKPOINT_FILE)) {
-                Ok(bytes) => vec![bytes],
+                Ok(bytes) => vec![(0, bytes)],
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
                 Err(e) => return Err(LoadError::Damaged(format!("cannot read it: {e}"))),
             },
-            CheckpointStore::Slots { offset, slot_bytes } => {
-                (0..2u64).filter_map(|i| read_slot(dev, offset + i * slot_bytes, *slot_bytes)).collect()
+            CheckpointStore::Slots { offset, slot_bytes, .. } => {
+                (0..2u64).filter_map(|i| Some((i, read_slot(dev, offset + i * slot_bytes, *slot_bytes)?))).collect()
             }
             CheckpointStore::None => vec![],
         };
         let mut error = LoadError::Missing;
-        let mut best: Option<Checkpoint> = None;
-        for bytes in candidates {
+        let mut best: Option<(u64, Checkpoint)> = None;
+        for (slot, bytes) in candidates {
             match Checkpoint::decode(&bytes) {
                 Ok(cp) if cp.volume_id == volume_id => {
-                    if best.as_ref().is_none_or(|b| b.checkpoint_seq < cp.checkpoint_seq) {
-                        best = Some(cp);
+                    if best.as_ref().is_none_or(|(_, b)| b.checkpoint_seq < cp.checkpoint_seq) {
+                        best = Some((slot, cp));
                     }
                 }
                 Ok(_) => error = LoadError::Foreign,
@@ -109,7 +119,11 @@ impl CheckpointStore {
                 }
             }
         }
-        best.ok_or(error)
+        let (slot, best) = best.ok_or(error)?;
+        if let CheckpointStore::Slots { newest, .. } = self {
+            newest.store(slot + 1, Ordering::Release);
+        }
+        Ok(best)
     }
 
     /// Removes every checkpoint, so that the next open rebuilds the index from the log.
@@ -122,8 +136,9 @@ impl CheckpointStore {
                     Err(StoreError::File { action: "cannot remove", path: dir.join(CHECKPOINT_FILE), source })
                 }
             },
-            CheckpointStore::Slots { offset, slot_bytes } => {
+            CheckpointStore::Slots { offset, slot_bytes, newest } => {
                 let zero = AlignedBuf::zeroed(UNIT_BYTES as usize);
+                newest.store(0, Ordering::Release);
                 dev.write_at(&zero, *offset)?;
                 dev.write_at(&zero, offset + slot_bytes)?;
                 dev.sync()?;
@@ -151,7 +166,7 @@ impl CheckpointStore {
                 std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("cannot sync", dir))?;
                 Ok(true)
             }
-            CheckpointStore::Slots { offset, slot_bytes } => {
+            CheckpointStore::Slots { offset, slot_bytes, newest } => {
                 let needed = align_up(8 + bytes.len() as u64).unwrap_or(u64::MAX);
                 if needed > *slot_bytes {
                     tracing::warn!(
@@ -168,8 +183,16 @@ impl CheckpointStore {
                 if let Some(s) = buf.get_mut(8..8 + bytes.len()) {
                     s.copy_from_slice(&bytes)
                 }
-                dev.write_at(&buf, offset + (cp.checkpoint_seq % 2) * slot_bytes)?;
+                // The slot the newest checkpoint known is not in; by parity when none is known
+                // (nothing readable to keep).
+                let slot = match newest.load(Ordering::Acquire) {
+                    1 => 1,
+                    2 => 0,
+                    _ => cp.checkpoint_seq % 2,
+                };
+                dev.write_at(&buf, offset + slot * slot_bytes)?;
                 dev.sync()?;
+                newest.store(slot + 1, Ordering::Release);
                 Ok(true)
             }
             CheckpointStore::None => Ok(false),
@@ -188,4 +211,45 @@ fn read_slot(dev: &dyn BlockDevice, offset: u64, slot_bytes: u64) -> Option<Vec<
     let mut buf = AlignedBuf::zeroed(total as usize);
     dev.read_at(&mut buf, offset).ok()?;
     buf.get(8..8 + len as usize).map(<[u8]>::to_vec)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::device::MemDevice;
+
+    fn checkpoint(seq: u64) -> Checkpoint {
+        Checkpoint { volume_id: [7; 16], checkpoint_seq: seq, ..Checkpoint::default() }
+    }
+
+    fn readable(dev: &MemDevice, slot_bytes: u64) -> Vec<u64> {
+        (0..2u64)
+            .filter_map(|i| read_slot(dev, i * slot_bytes, slot_bytes))
+            .filter_map(|b| Checkpoint::decode(&b).ok())
+            .map(|cp| cp.checkpoint_seq)
+            .collect()
+    }
+
+    /// Seqs are skipped (a snapshot superseded before it was written): checkpoints 1 and 3,
+    /// both odd, still go to two slots, so that a torn write of the next leaves 3 readable. An
+    /// open that finds 3 writes the next one beside it too.
+    #[test]
+    fn a_checkpoint_never_overwrites_the_newest_whatever_the_seqs() {
+        let slot_bytes = 64 << 10;
+        let dev = MemDevice::new(2 * slot_bytes);
+        let store = CheckpointStore::Slots { offset: 0, slot_bytes, newest: Arc::default() };
+        assert!(store.save(&dev, &checkpoint(1)).unwrap());
+        assert!(store.save(&dev, &checkpoint(3)).unwrap());
+        let mut seqs = readable(&dev, slot_bytes);
+        seqs.sort_unstable();
+        assert_eq!(seqs, [1, 3], "3 overwrote 1's slot");
+        let reopened = CheckpointStore::Slots { offset: 0, slot_bytes, newest: Arc::default() };
+        assert_eq!(reopened.load_verbose(&dev, [7; 16]).unwrap().checkpoint_seq, 3);
+        assert!(reopened.save(&dev, &checkpoint(5)).unwrap());
+        let mut seqs = readable(&dev, slot_bytes);
+        seqs.sort_unstable();
+        assert_eq!(seqs, [3, 5], "5 overwrote 3, the newest");
+    }
 }
