@@ -75,8 +75,14 @@ pub fn repair_structures(
             }
         ));
     }
-    let checkpoint_bad =
-        report.problems.iter().any(|p| p.kind.starts_with("checkpoint_") && p.kind != "checkpoint_differs");
+    // A checkpoint that is only older than the log (a volume not closed cleanly), or that maps
+    // keys differently from what the log alone gives, is one a plain open uses, and may hold what
+    // the log lacks: a segment freed without a checkpoint of its own because the newest one
+    // covered it, so that older versions in older segments stay gone. Kept, the open that
+    // repairs the keys starts from it and writes a fresh one; removed, the index would be
+    // rebuilt from the log alone and could bring those versions back.
+    let kept = ["checkpoint_differs", "checkpoint_stale", "checkpoint_mismatch"];
+    let checkpoint_bad = report.problems.iter().any(|p| p.kind.starts_with("checkpoint_") && !kept.contains(&p.kind));
     if checkpoint_bad {
         checkpoints.remove(dev)?;
         done.push("removed the unusable checkpoint; the index is rebuilt from the log".into());
