@@ -71,7 +71,9 @@ impl CheckpointStore {
     }
 
     /// The newest checkpoint that decodes and belongs to `volume_id`. Damaged or foreign ones
-    /// are logged and ignored: the log is the source of truth, a checkpoint only saves time.
+    /// are logged and ignored, and open rebuilds the index from the log; a usable one is never
+    /// thrown away (`fsck --repair` keeps a stale one), since reclaim frees a segment other than
+    /// the oldest without a checkpoint of its own when the newest one covers it.
     pub fn load(&self, dev: &dyn BlockDevice, volume_id: [u8; 16]) -> Option<Checkpoint> {
         match self.load_verbose(dev, volume_id) {
             Ok(cp) => Some(cp),
