@@ -249,14 +249,12 @@ impl Policies {
         } else {
             map.insert(namespace.to_string(), policy);
         }
-        map.into_iter()
-            .map(|(namespace, p)| NsPolicy {
-                codec: p.codec.map_or_else(String::new, |c| c.to_string()),
-                lossy: p.lossy,
-                settings: p.settings.stored(),
-                namespace,
-            })
-            .collect()
+        map.into_iter().map(|(namespace, p)| stored(namespace, p)).collect()
+    }
+
+    /// The stored form of every policy.
+    pub(crate) fn stored(&self) -> Vec<NsPolicy> {
+        self.all().into_iter().map(|(namespace, p)| stored(namespace, p)).collect()
     }
 
     /// Makes `policy` `namespace`'s (after it was stored).
@@ -267,5 +265,15 @@ impl Policies {
         } else {
             map.insert(namespace.to_string(), policy);
         }
+    }
+}
+
+/// A namespace's policy as the superblock keeps it.
+fn stored(namespace: String, p: Policy) -> NsPolicy {
+    NsPolicy {
+        codec: p.codec.map_or_else(String::new, |c| c.to_string()),
+        lossy: p.lossy,
+        settings: p.settings.stored(),
+        namespace,
     }
 }

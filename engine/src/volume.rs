@@ -6,7 +6,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use kvhoard_format::policy::{self, NsPolicy};
-use kvhoard_format::superblock::{self, Superblock};
+use kvhoard_format::superblock::{self, FreedAhead, Superblock};
 use kvhoard_format::{align_up, FormatError, UNIT_BYTES};
 
 use crate::buffer::AlignedBuf;
@@ -156,6 +156,7 @@ pub fn plan(
         data_offset,
         checkpoint_offset,
         checkpoint_slot_bytes: slot,
+        freed_ahead: FreedAhead::default(),
     };
     sb.validate().map_err(StoreError::Superblock)?;
     Ok(sb)

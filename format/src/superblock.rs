@@ -2,8 +2,8 @@
 //!
 //! It is written when the volume is created; two copies let a volume open when one of them is
 //! damaged. Everything that changes lives in the log and the checkpoints, except the namespace
-//! policies ([`crate::policy`]), which share the superblock's units and are rewritten (copy A,
-//! sync, copy B, sync) only when a policy is set.
+//! policies ([`crate::policy`]), which share the superblock's units, and [`FreedAhead`]; both are
+//! rewritten (copy A, sync, copy B, sync) when they change.
 
 use crate::bytes::{check_crc, check_magic, check_version, Reader, Writer};
 use crate::{FormatError, UNIT_BYTES};
@@ -53,6 +53,31 @@ pub struct Superblock {
     pub checkpoint_offset: u64,
     /// Size of each checkpoint slot in bytes; 0 when checkpoints are files.
     pub checkpoint_slot_bytes: u64,
+    /// The newest segment use reclaimed while older ones were still in the log.
+    pub freed_ahead: FreedAhead,
+}
+
+/// The newest segment use reclaimed while an older use was still in the log (zeros: none yet).
+///
+/// Such a use may have held the newest version or the deletion of a key whose older version
+/// lies in an older use. Only a checkpoint remembers that it is gone: the log alone would bring
+/// that older version back. So recovery that loads no checkpoint, or one older than
+/// `checkpoint_seq`, voids every key whose newest record lies in a use below `seq`: damage
+/// turns keys into misses, never into older versions (docs/format.md, "Damage").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FreedAhead {
+    /// The highest seq of a use reclaimed ahead of an older one; 0: none.
+    pub seq: u64,
+    /// The newest checkpoint on disk when it was reclaimed, which knows it is gone.
+    pub checkpoint_seq: u64,
+}
+
+impl FreedAhead {
+    /// Whether recovery from the checkpoint `loaded` (none: the log alone) must void the keys
+    /// whose newest record lies in a use below [`FreedAhead::seq`].
+    pub fn voids_from(&self, loaded: Option<u64>) -> bool {
+        self.seq != 0 && loaded.is_none_or(|seq| seq < self.checkpoint_seq)
+    }
 }
 
 impl Superblock {
@@ -87,6 +112,8 @@ impl Superblock {
         w.u64(self.data_offset);
         w.u64(self.checkpoint_offset);
         w.u64(self.checkpoint_slot_bytes);
+        w.u64(self.freed_ahead.seq);
+        w.u64(self.freed_ahead.checkpoint_seq);
         w.zeros(CRC_OFFSET - w.buf.len());
         let crc = crate::crc32c_of(&[&w.buf]);
         w.u32(crc);
@@ -117,6 +144,7 @@ impl Superblock {
         let data_offset = r.u64()?;
         let checkpoint_offset = r.u64()?;
         let checkpoint_slot_bytes = r.u64()?;
+        let freed_ahead = FreedAhead { seq: r.u64()?, checkpoint_seq: r.u64()? };
         if flags != 0 {
             return Err(FormatError::invalid(WHAT, "flags", format!("unknown flags {flags:#x}")));
         }
@@ -130,6 +158,7 @@ impl Superblock {
             data_offset,
             checkpoint_offset,
             checkpoint_slot_bytes,
+            freed_ahead,
         };
         sb.validate()?;
         Ok(sb)
@@ -200,6 +229,7 @@ mod tests {
             data_offset: 1 << 20,
             checkpoint_offset: 0,
             checkpoint_slot_bytes: 0,
+            freed_ahead: FreedAhead { seq: 41, checkpoint_seq: 9 },
         }
     }
 
@@ -224,9 +254,27 @@ mod tests {
         assert_eq!(&enc[48..56], &(64u64 << 20).to_le_bytes());
         assert_eq!(&enc[56..60], &15u32.to_le_bytes());
         assert_eq!(&enc[64..72], &(1u64 << 20).to_le_bytes());
+        assert_eq!(&enc[88..96], &41u64.to_le_bytes());
+        assert_eq!(&enc[96..104], &9u64.to_le_bytes());
+        assert!(enc[104..120].iter().all(|&b| b == 0));
         let crc = crc32c::crc32c(&enc[..120]);
         assert_eq!(&enc[120..124], &crc.to_le_bytes());
         assert!(enc[124..].iter().all(|&b| b == 0));
+    }
+
+    /// A volume written before the field has zeros there: nothing was freed ahead.
+    #[test]
+    fn zeros_mean_nothing_freed_ahead_and_an_older_checkpoint_voids() {
+        let mut sb = sample();
+        sb.freed_ahead = FreedAhead::default();
+        let decoded = Superblock::decode(&sb.encode(0)).unwrap();
+        assert_eq!(decoded.freed_ahead, FreedAhead::default());
+        assert!(!decoded.freed_ahead.voids_from(None));
+        let f = FreedAhead { seq: 41, checkpoint_seq: 9 };
+        assert!(f.voids_from(None));
+        assert!(f.voids_from(Some(8)));
+        assert!(!f.voids_from(Some(9)));
+        assert!(!f.voids_from(Some(10)));
     }
 
     #[test]

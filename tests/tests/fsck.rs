@@ -221,6 +221,111 @@ fn a_stale_checkpoint_is_found_and_replaced() {
     assert!(store.contains("default", "later").unwrap());
 }
 
+/// A closed volume whose second segment, holding "k"'s second version, was reclaimed ahead of the
+/// oldest (which holds "k"'s first version and a pinned key, so reclaim passes it over), without
+/// a checkpoint of its own when the newest one covered it. Returns its options and the newest
+/// key written, with its bytes.
+fn freed_ahead_volume(vol: &Path) -> (StoreOptions, String, Vec<u8>) {
+    let create = CreateOptions { capacity_bytes: Some(16 << 20), segment_size_bytes: 4 << 20 };
+    let opts = StoreOptions { checkpoint_every_segments: 1, ..StoreOptions::default() };
+    let store = Store::create(vol, &create, opts.clone()).unwrap();
+    let segment_of =
+        |key: &str| store.get("default", key, ReadOptions::default()).unwrap().map(|b| b.meta.location.segment);
+    let put = |key: &str, bytes: &[u8]| store.put("default", key, bytes, &PutOptions::default()).unwrap();
+    put("k", b"version 1");
+    put("pinned", &block(7, 100_000));
+    assert!(store.pin("default", "pinned").unwrap());
+    let first = segment_of("k").unwrap();
+    let mut n = 0u64;
+    let mut fill = || {
+        let key = format!("fill{n}");
+        put(&key, &block(1_000 + n, 600_000));
+        n += 1;
+        assert!(n < 500, "the volume never got there");
+        segment_of(&key).unwrap()
+    };
+    while fill() == first {}
+    put("k", b"version 2");
+    assert_ne!(segment_of("k"), Some(first));
+    while segment_of("k").is_some() {
+        fill();
+    }
+    assert_eq!(segment_of("pinned"), Some(first), "the oldest segment was reclaimed");
+    store.put("default", "newest", b"written last", &PutOptions::default()).unwrap();
+    store.close().unwrap();
+    (opts, "newest".into(), b"written last".to_vec())
+}
+
+fn get_bytes(store: &Store, key: &str) -> Option<Vec<u8>> {
+    store.get("default", key, ReadOptions { verify_hash: true }).unwrap().map(|b| b.to_vec())
+}
+
+/// A checkpoint a crash left stale can hold what the log alone lacks: a segment reclaimed ahead
+/// of the oldest. Repair keeps such a checkpoint, as a plain open uses it; removed, the index
+/// rebuilt from the log alone would bring "k"'s older version back.
+#[test]
+fn repair_keeps_a_stale_checkpoint_without_which_an_older_version_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let (opts, _, _) = freed_ahead_volume(&vol);
+    // The checkpoint of a clean close knows "k" is gone; the crash leaves it stale.
+    let stale = std::fs::read(vol.join("checkpoint")).unwrap();
+    let store = Store::open(&vol, opts.clone()).unwrap();
+    store.put("default", "later", b"written after the checkpoint", &PutOptions::default()).unwrap();
+    store.close().unwrap();
+    drop(store);
+    std::fs::write(vol.join("checkpoint"), stale).unwrap();
+    let outcome = run(&vol, false);
+    assert!(found(&outcome, "checkpoint_stale"), "{:#?}", outcome.found.problems);
+    assert!(!found(&outcome, "keys_voided"), "{:#?}", outcome.found.problems);
+    let repaired = run(&vol, true);
+    assert_eq!(repaired.exit_code, exit::CORRECTED, "{:#?}\n{:#?}", repaired.after, repaired.repairs);
+    let store = Store::open(&vol, opts).unwrap();
+    assert_eq!(get_bytes(&store, "k"), None, "an older version came back");
+    assert!(store.contains("default", "later").unwrap());
+    assert_eq!(get_bytes(&store, "pinned"), Some(block(7, 100_000)));
+}
+
+/// Without a checkpoint that knows a segment was reclaimed ahead of the oldest (the newest is
+/// damaged), the log alone would give "k" its older version: open makes every key whose newest
+/// record is older than that segment a miss instead, fsck says so, and repair leaves a volume
+/// that checks clean. Keys written after it stay.
+#[test]
+fn without_the_checkpoint_keys_older_than_a_segment_freed_ahead_are_misses() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let (opts, newest, bytes) = freed_ahead_volume(&vol);
+    let damage = || {
+        let mut cp = std::fs::read(vol.join("checkpoint")).unwrap();
+        let at = cp.len() / 2;
+        cp[at] ^= 0x10;
+        std::fs::write(vol.join("checkpoint"), cp).unwrap();
+    };
+    damage();
+    let store = Store::open(&vol, opts.clone()).unwrap();
+    assert_eq!(store.recovery_report().checkpoint_seq, None);
+    assert!(store.recovery_report().keys_voided >= 2, "{:?}", store.recovery_report());
+    assert_eq!(get_bytes(&store, "k"), None, "an older version came back");
+    assert_eq!(get_bytes(&store, "pinned"), None);
+    assert_eq!(get_bytes(&store, &newest), Some(bytes.clone()));
+    store.close().unwrap();
+    drop(store);
+    assert_eq!(run(&vol, false).exit_code, exit::CLEAN, "{:#?}", run(&vol, false).found.problems);
+    // The checkpoint written since knows what the damaged one knew: damaged in turn, the same
+    // keys are voided again.
+    damage();
+    let outcome = run(&vol, false);
+    assert!(found(&outcome, "checkpoint_damaged"), "{:#?}", outcome.found.problems);
+    assert!(found(&outcome, "keys_voided"), "{:#?}", outcome.found.problems);
+    let repaired = run(&vol, true);
+    assert_eq!(repaired.exit_code, exit::CORRECTED, "{:#?}\n{:#?}", repaired.after, repaired.repairs);
+    let again = run(&vol, false);
+    assert_eq!(again.exit_code, exit::CLEAN, "{:#?}", again.found.problems);
+    let store = Store::open(&vol, opts).unwrap();
+    assert_eq!(get_bytes(&store, "k"), None, "an older version came back");
+    assert_eq!(get_bytes(&store, &newest), Some(bytes));
+}
+
 #[test]
 fn a_checkpoint_of_another_volume_is_found_and_replaced() {
     let dir = tempfile::tempdir().unwrap();

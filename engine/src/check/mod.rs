@@ -22,7 +22,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::index::{key_fp, ContentFp, Index, KeyFp};
 use crate::log::Loc;
-use crate::recovery::apply;
+use crate::recovery::{apply, void_freed_ahead};
 use scan::{HeaderState, SegmentScan, SummaryState, VolumeScan};
 
 pub use scan::{scan_volume, ScanError, ScanOptions};
@@ -112,10 +112,10 @@ pub(crate) fn check(dev: &dyn BlockDevice, scan: &VolumeScan, checkpoints: &Chec
     for seg in &scan.segments {
         segment_problems(scan, seg, &mut r);
     }
-    let (log_index, _) = replay(scan, None);
-    let index = match &cp {
+    let (log_index, _) = replay_records(scan, None);
+    let (index, voided) = match &cp {
         Some(cp) => {
-            let (from_cp, after) = replay(scan, Some(cp));
+            let (from_cp, after, voided) = replay_voiding(scan, Some(cp));
             if after > 0 {
                 r.problems.push(problem(
                     Severity::Warning,
@@ -130,10 +130,34 @@ pub(crate) fn check(dev: &dyn BlockDevice, scan: &VolumeScan, checkpoints: &Chec
                 ));
             }
             compare(scan, &log_index, &from_cp, &mut r);
-            from_cp
+            (from_cp, voided)
         }
-        None => log_index,
+        None => {
+            let (index, _, voided) = replay_voiding(scan, None);
+            (index, voided)
+        }
     };
+    if voided > 0 {
+        let freed = scan.sb.freed_ahead;
+        r.problems.push(problem(
+            Severity::Warning,
+            "keys_voided",
+            None,
+            None,
+            format!(
+                "{voided} keys whose newest records lie in segment uses below {} are misses: a use was freed ahead of \
+                 older ones, and only checkpoint #{} or a newer one knows which keys it held newer versions or \
+                 deletions of, but {}",
+                freed.seq,
+                freed.checkpoint_seq,
+                match &cp {
+                    Some(cp) => format!("checkpoint #{} is the newest usable one", cp.checkpoint_seq),
+                    None => "no usable checkpoint is left".into(),
+                }
+            ),
+            "open makes them misses rather than give their older versions; repair writes a checkpoint without them",
+        ));
+    }
     r.checkpoint_seq = cp.map(|c| c.checkpoint_seq);
     r.keys = index.key_count();
     r.blocks = index.block_count();
@@ -362,6 +386,22 @@ fn checkpoint_problems(
 /// Rebuilds the index from the scanned records (and the checkpoint, if given), as recovery does;
 /// also returns how many records were replayed on top of the checkpoint.
 pub fn replay(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
+    let (index, replayed, _) = replay_voiding(scan, cp);
+    (index, replayed)
+}
+
+/// [`replay`], also returning how many keys it voided because the checkpoint that knows of a
+/// segment freed ahead of older ones is not `cp` ([`crate::recovery::void_freed_ahead`]).
+fn replay_voiding(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64, u64) {
+    let (mut index, replayed) = replay_records(scan, cp);
+    let seqs: Vec<u64> = scan.segments.iter().map(|s| s.seq().unwrap_or(0)).collect();
+    let seq_of = |segment: u32| seqs.get(segment as usize).copied().unwrap_or(0);
+    let voided = void_freed_ahead(&mut index, scan.sb.freed_ahead, cp.map(|c| c.checkpoint_seq), &seq_of);
+    (index, replayed, voided)
+}
+
+/// The index the records give on top of `cp`, before any voiding: what the log says.
+fn replay_records(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
     let seqs: Vec<u64> = scan.segments.iter().map(|s| s.seq().unwrap_or(0)).collect();
     let covered = |i: u32| -> Option<(bool, u32)> {
         let c = cp?.segments.get(i as usize)?;

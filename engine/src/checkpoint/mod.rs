@@ -44,9 +44,9 @@ pub(crate) struct Checkpoints {
     pub(crate) store: CheckpointStore,
     /// Seq of the newest checkpoint written; serializes checkpoint writes.
     saved: Mutex<u64>,
-    /// The segment table of the newest checkpoint on disk (what recovery would not replay). A
-    /// leaf lock.
-    covers: Mutex<Vec<SegmentState>>,
+    /// The seq and segment table of the newest checkpoint on disk (what recovery would not
+    /// replay). A leaf lock.
+    covers: Mutex<(u64, Vec<SegmentState>)>,
     /// Snapshots for the background thread; `None` once it is stopped.
     jobs: Mutex<Option<Sender<Job>>>,
     /// Checkpoints written.
@@ -56,13 +56,13 @@ pub(crate) struct Checkpoints {
 }
 
 impl Checkpoints {
-    /// The checkpoints of a volume whose newest checkpoint on disk covers `covers` (empty
-    /// without one).
-    pub(crate) fn new(store: CheckpointStore, covers: Vec<SegmentState>) -> Checkpoints {
+    /// The checkpoints of a volume whose newest checkpoint on disk, `seq`, covers `covers` (0
+    /// and empty without one).
+    pub(crate) fn new(store: CheckpointStore, seq: u64, covers: Vec<SegmentState>) -> Checkpoints {
         Checkpoints {
             store,
             saved: Mutex::new(0),
-            covers: Mutex::new(covers),
+            covers: Mutex::new((seq, covers)),
             jobs: Mutex::new(None),
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -146,7 +146,7 @@ impl Checkpoints {
         }
         if self.store.save(log.dev.as_ref(), cp)? {
             *last = cp.checkpoint_seq;
-            *self.covers.lock().unwrap_or_else(|e| e.into_inner()) = cp.segments.clone();
+            *self.covers.lock().unwrap_or_else(|e| e.into_inner()) = (cp.checkpoint_seq, cp.segments.clone());
             self.written.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -157,6 +157,12 @@ impl Checkpoints {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The seq of the newest checkpoint on disk (the one open loaded, or the newest written
+    /// since); 0 without one.
+    pub(crate) fn newest_seq(&self) -> u64 {
+        self.covers.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
     /// Whether the newest checkpoint written covers `victim` and every sealed segment older than
     /// it, each at its current use and end. Then reclaiming `victim` needs no new checkpoint even
     /// though it is not the oldest: recovery loads that checkpoint, drops what it says was in
@@ -164,7 +170,7 @@ impl Checkpoints {
     /// newest version was in `victim` can come back.
     pub(crate) fn cover_through(&self, sealed: &[SealedSegment], victim: u32) -> bool {
         let Some(limit) = sealed.iter().find(|s| s.index == victim).map(|s| s.seq) else { return false };
-        let covers = self.covers.lock().unwrap_or_else(|e| e.into_inner());
+        let covers = &self.covers.lock().unwrap_or_else(|e| e.into_inner()).1;
         sealed.iter().filter(|s| s.seq <= limit).all(|s| {
             covers.get(s.index as usize).is_some_and(|c| c.sealed && c.seq == s.seq && c.end_unit == s.end_unit)
         })

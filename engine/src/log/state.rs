@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use kvhoard_format::checkpoint::SegmentState;
+use kvhoard_format::policy::NsPolicy;
 use kvhoard_format::segment::SegmentHeader;
-use kvhoard_format::superblock::Superblock;
+use kvhoard_format::superblock::{FreedAhead, Superblock};
 use kvhoard_format::UNIT_BYTES;
 
 use super::seal::write_seal;
@@ -29,7 +30,8 @@ use crate::error::{Result, StoreError};
 pub(crate) struct Log {
     /// The volume's device.
     pub(crate) dev: Arc<dyn BlockDevice>,
-    /// The volume's geometry.
+    /// The volume's geometry (its `freed_ahead` as the volume was opened: the current one is
+    /// [`LogState::freed_ahead`]).
     pub(crate) sb: Superblock,
     state: Mutex<LogState>,
     /// Signalled when a reserved record has been written (or a write failed).
@@ -74,6 +76,8 @@ pub(crate) struct LogState {
     pub(crate) cleaning: Option<u32>,
     /// Threads waiting in [`Log::lock_quiet`]: while any is, new reservations wait.
     quiet_wanted: u32,
+    /// The newest segment use reclaimed ahead of an older one, as both superblock copies hold it.
+    pub(crate) freed_ahead: FreedAhead,
 }
 
 impl LogState {
@@ -89,6 +93,7 @@ impl LogState {
         resumable: Option<OpenSeg>,
         next_seq: u64,
         next_checkpoint_seq: u64,
+        freed_ahead: FreedAhead,
     ) -> LogState {
         LogState {
             segments,
@@ -103,6 +108,7 @@ impl LogState {
             poisoned: None,
             closed: false,
             quiet_wanted: 0,
+            freed_ahead,
         }
     }
 
@@ -347,6 +353,40 @@ impl Log {
         if let Some(s) = state.segments.get_mut(index as usize) {
             *s = SegInfo::FREE;
         }
+    }
+
+    /// Writes both superblock copies (copy A, sync, copy B, sync): the geometry, what was freed
+    /// ahead, and `policies`. Called under the log lock, which makes it the superblock's one
+    /// writer: a policy set and a segment freed ahead never write over each other's change.
+    pub(crate) fn write_superblocks(&self, state: &LogState, policies: &[NsPolicy]) -> Result<()> {
+        let sb = Superblock { freed_ahead: state.freed_ahead, ..self.sb.clone() };
+        crate::volume::write_superblocks(self.dev.as_ref(), &sb, policies)
+    }
+
+    /// Records in both superblock copies that segment use `seq` is reclaimed while an older use
+    /// is still in the log, and that checkpoint `checkpoint_seq`, the newest on disk, knows it is
+    /// gone ([`FreedAhead`]). Called before the segment's header is erased: from then on the
+    /// log alone would bring back older versions of the keys whose newest records it held, and
+    /// recovery without that checkpoint must void them instead. A failure poisons the log.
+    pub(crate) fn record_freed_ahead(
+        &self,
+        state: &mut LogState,
+        seq: u64,
+        checkpoint_seq: u64,
+        policies: &[NsPolicy],
+    ) -> Result<()> {
+        let before = state.freed_ahead;
+        let freed = FreedAhead { seq: seq.max(before.seq), checkpoint_seq: checkpoint_seq.max(before.checkpoint_seq) };
+        if freed == before {
+            return Ok(());
+        }
+        state.freed_ahead = freed;
+        if let Err(e) = self.write_superblocks(state, policies) {
+            state.freed_ahead = before;
+            self.poison(state, format!("cannot record a segment freed ahead of an older one in the superblock: {e}"));
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Zeroes segment `index`'s header and syncs, so that nothing it held can come back after a

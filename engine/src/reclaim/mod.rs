@@ -84,6 +84,8 @@ pub(crate) fn free_victim(
     checkpoint: bool,
 ) -> Result<()> {
     let checkpoint_first = checkpoint || needs_checkpoint(parts, sealed, victim);
+    let ahead = Fifo::oldest(sealed).is_some_and(|oldest| oldest != victim);
+    let victim_seq = state.segments.get(victim as usize).map_or(0, |s| s.seq);
     // A delete finds its key absent without the log lock: until the victim's drop is durable,
     // one of its keys may come back after a crash, so a delete writes its tombstone.
     let window = parts.dropped_keys.open_window();
@@ -99,6 +101,11 @@ pub(crate) fn free_victim(
             parts.log.poison(state, format!("cannot write the checkpoint freeing segment {victim} needs: {e}"));
             return Err(e);
         }
+    }
+    if ahead {
+        // The newest checkpoint on disk now knows the victim is gone (it was written first, or
+        // covers it); recovery without it must not trust the log alone (`FreedAhead`).
+        parts.log.record_freed_ahead(state, victim_seq, parts.checkpoints.newest_seq(), &parts.policies.stored())?;
     }
     parts.log.erase_segment_header(state, victim)?;
     window.close();

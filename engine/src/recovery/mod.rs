@@ -10,7 +10,7 @@ use kvhoard_format::checkpoint::{Checkpoint, SegmentState};
 use kvhoard_format::record::RecordKind;
 use kvhoard_format::segment::SegmentHeader;
 use kvhoard_format::summary::{self, SummaryEntry};
-use kvhoard_format::superblock::Superblock;
+use kvhoard_format::superblock::{FreedAhead, Superblock};
 use kvhoard_format::UNIT_BYTES;
 
 use crate::buffer::AlignedBuf;
@@ -47,6 +47,9 @@ pub struct RecoveryReport {
     /// Records recovery could not trust (damaged, or found past damage), replaced in their
     /// segment's summary by a tombstone of their key or a `Lost` entry (fsck reports them).
     pub records_discarded: u64,
+    /// Keys made misses because no checkpoint that knows a segment freed ahead of an older one
+    /// could be loaded ([`void_freed_ahead`]).
+    pub keys_voided: u64,
     /// Time taken, in milliseconds.
     pub elapsed_ms: u64,
 }
@@ -209,6 +212,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         }
     }
     index.replaying(false);
+    report.keys_voided = void_freed_ahead(&mut index, sb.freed_ahead, report.checkpoint_seq, &seq_of);
     // The newest unsealed segment is appended to again if nothing of its use lies past its
     // valid end; every other one is sealed after its last valid record (after the last evidence
     // of damage, when there is some), so that nothing is ever appended in front of stale records
@@ -245,7 +249,10 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     }
     let resumable = if open.is_none() { resumable(dev, sb, &segments)? } else { None };
     report.elapsed_ms = started.elapsed().as_millis() as u64;
-    let next_checkpoint_seq = cp.as_ref().map_or(1, |c: &Checkpoint| c.checkpoint_seq + 1);
+    // Checkpoint seqs go on from the newest one a segment freed ahead relied on, even if it was
+    // not loaded: a checkpoint numbered below it would be taken for one that does not know.
+    let next_checkpoint_seq =
+        cp.as_ref().map_or(1, |c: &Checkpoint| c.checkpoint_seq + 1).max(sb.freed_ahead.checkpoint_seq + 1);
     let checkpoint_covers = cp.map(|c| c.segments).unwrap_or_default();
     Ok(Recovered { index, segments, open, resumable, next_seq, next_checkpoint_seq, checkpoint_covers, report })
 }
@@ -352,6 +359,31 @@ fn seal_recovered(
     }
     write_seal(dev, sb, i, seq, end_unit, &bytes, entries.len() as u32)?;
     Ok(())
+}
+
+/// Voids the keys that a segment use freed ahead of an older one may have held newer versions or
+/// deletions of, when the checkpoint that knows it is gone was not loaded (`loaded`: the seq of
+/// the one that was): every key whose newest record lies in a use below it. Without the
+/// checkpoint nothing tells which keys the freed use held, and the log alone would give them
+/// their older versions (docs/format.md, "Damage"). Returns how many keys were voided.
+pub(crate) fn void_freed_ahead(
+    index: &mut Index,
+    freed: FreedAhead,
+    loaded: Option<u64>,
+    seq_of: &dyn Fn(u32) -> u64,
+) -> u64 {
+    if !freed.voids_from(loaded) {
+        return 0;
+    }
+    let voided = index.void_keys(|k| seq_of(k.record.segment) < freed.seq);
+    tracing::warn!(
+        voided,
+        below_seq = freed.seq,
+        checkpoint_seq = freed.checkpoint_seq,
+        loaded = ?loaded,
+        "the checkpoint that knows of a segment freed ahead of older ones is missing or damaged: keys written before it are misses"
+    );
+    voided
 }
 
 /// Applies one record to the index, as the store did when it wrote it. `seq_of` gives the seq of

@@ -188,13 +188,18 @@ impl Store {
             recovered.resumable,
             recovered.next_seq,
             recovered.next_checkpoint_seq,
+            sb.freed_ahead,
         );
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let parts = Arc::new(Parts {
             log: Arc::new(Log::new(dev, sb, state, opts.clock.clone())),
             index: RwLock::new(recovered.index),
             tiers: Tiers::new(opts.dram_tier_bytes, cores),
-            checkpoints: Arc::new(Checkpoints::new(checkpoint_store, recovered.checkpoint_covers)),
+            checkpoints: Arc::new(Checkpoints::new(
+                checkpoint_store,
+                recovered.report.checkpoint_seq.unwrap_or(0),
+                recovered.checkpoint_covers,
+            )),
             pins: Pins::default(),
             dropped_keys: Default::default(),
             placement: Arc::clone(&opts.placement),
@@ -288,7 +293,7 @@ impl Store {
             return Err(StoreError::Closed);
         }
         let stored = parts.policies.with(namespace, policy.clone());
-        volume::write_superblocks(parts.log.dev.as_ref(), &parts.log.sb, &stored)?;
+        parts.log.write_superblocks(&state, &stored)?;
         parts.ttls.configure(namespace, policy.settings.ttl);
         parts.policies.set(namespace, policy);
         Ok(())
