@@ -76,6 +76,10 @@ enum Op {
     CleanAround(Vec<Op>),
     Reopen,
     Crash(CrashMode),
+    /// A crash (a clean close on a volume file) that also loses the checkpoint: the log alone
+    /// must give no key an older version or bring back a deleted one, though any key may become
+    /// a miss (a segment reclaimed ahead of an older one voids the keys written before it).
+    LoseCheckpoint(CrashMode),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -93,8 +97,13 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Clean),
         1 => proptest::collection::vec(op_racing(small_value()), 1..4).prop_map(Op::CleanAround),
         1 => Just(Op::Reopen),
-        1 => prop_oneof![Just(CrashMode::KeepAll), Just(CrashMode::DropAll), any::<u64>().prop_map(CrashMode::Random)].prop_map(Op::Crash),
+        1 => crash_mode().prop_map(Op::Crash),
+        1 => crash_mode().prop_map(Op::LoseCheckpoint),
     ]
+}
+
+fn crash_mode() -> impl Strategy<Value = CrashMode> {
+    prop_oneof![Just(CrashMode::KeepAll), Just(CrashMode::DropAll), any::<u64>().prop_map(CrashMode::Random)]
 }
 
 /// Values of up to 150 KB. Empty blocks are all alike whatever the seed: give them one seed. A
@@ -143,7 +152,8 @@ fn op_filling() -> impl Strategy<Value = Op> {
         2 => Just(Op::Clean),
         1 => proptest::collection::vec(op_racing(large_value()), 1..4).prop_map(Op::CleanAround),
         1 => Just(Op::Reopen),
-        1 => prop_oneof![Just(CrashMode::KeepAll), Just(CrashMode::DropAll), any::<u64>().prop_map(CrashMode::Random)].prop_map(Op::Crash),
+        1 => crash_mode().prop_map(Op::Crash),
+        1 => crash_mode().prop_map(Op::LoseCheckpoint),
     ]
 }
 
@@ -260,14 +270,24 @@ struct Model {
     /// Per key, values the planner dropped it with before a write of it that is not durable
     /// yet: a crash that loses that write may bring one back.
     resurrect_unsynced: BTreeMap<u8, BTreeSet<Value>>,
+    /// Per key, the values reclaim dropped it with since it was last written: without a
+    /// checkpoint, the log alone may bring one back (an eviction undone, never an older version).
+    evicted: BTreeMap<u8, BTreeSet<Value>>,
+    /// Per key, values reclaim dropped it with before a write of it that is not durable yet.
+    evicted_unsynced: BTreeMap<u8, BTreeSet<Value>>,
     /// The reads that follow a crash (of any kind) are going on.
     crashed: bool,
+    /// The reads that follow an open without a checkpoint are going on: any key may be a miss.
+    voidable: bool,
 }
 
 impl Model {
     /// Reclaim dropped `key`: gone for good, whatever a crash does later (reclaim makes the drop
     /// durable before it returns).
     fn dropped(&mut self, key: u8) {
+        if let Some(v) = self.current.get(&key).copied().flatten() {
+            self.evicted.entry(key).or_default().insert(v);
+        }
         self.current.insert(key, None);
         self.durable.insert(key, None);
         self.since_sync.remove(&key);
@@ -280,6 +300,9 @@ impl Model {
         self.planner_dropped.remove(&key);
         if let Some(before) = self.resurrect.remove(&key) {
             self.resurrect_unsynced.entry(key).or_default().extend(before);
+        }
+        if let Some(before) = self.evicted.remove(&key) {
+            self.evicted_unsynced.entry(key).or_default().extend(before);
         }
         if synced {
             self.synced();
@@ -294,10 +317,27 @@ impl Model {
         }
     }
 
+    /// After the reads that follow a crash in `mode`: what the store holds is durable now. A
+    /// write the crash may have lost no longer hides the values a key was dropped with before
+    /// it (the read cannot always tell: a lost delete reads as a kept one), so they stay
+    /// possible for the next crash or lost checkpoint.
+    fn recovered(&mut self, mode: CrashMode) {
+        if mode != CrashMode::KeepAll {
+            for (key, values) in std::mem::take(&mut self.resurrect_unsynced) {
+                self.resurrect.entry(key).or_default().extend(values);
+            }
+            for (key, values) in std::mem::take(&mut self.evicted_unsynced) {
+                self.evicted.entry(key).or_default().extend(values);
+            }
+        }
+        self.synced();
+    }
+
     fn synced(&mut self) {
         self.durable = self.current.clone();
         self.since_sync.clear();
         self.resurrect_unsynced.clear();
+        self.evicted_unsynced.clear();
     }
 
     /// Checks the bytes read against what the model allows and adopts the value they are.
@@ -308,7 +348,7 @@ impl Model {
             allowed.insert(self.durable.get(&key).copied().flatten());
             allowed.extend(self.since_sync.get(&key).into_iter().flatten().copied());
         }
-        if self.maybe_dropped.remove(&key) {
+        if self.maybe_dropped.remove(&key) || self.voidable {
             allowed.insert(None);
         }
         let planned = self.planner_dropped.remove(&key);
@@ -321,6 +361,12 @@ impl Model {
             let mut back: BTreeSet<Value> = self.resurrect.get(&key).cloned().unwrap_or_default();
             if after_crash {
                 back.extend(self.resurrect_unsynced.get(&key).into_iter().flatten().copied());
+            }
+            if self.voidable {
+                back.extend(self.evicted.get(&key).into_iter().flatten().copied());
+                if after_crash {
+                    back.extend(self.evicted_unsynced.get(&key).into_iter().flatten().copied());
+                }
             }
             if !back.is_empty() {
                 allowed.insert(None);
@@ -515,11 +561,66 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 let missing: BTreeSet<&String> = live.difference(&listed).filter(|k| !unsure.contains(*k)).collect();
                 prop_assert!(missing.is_empty(), "live keys {missing:?} are not listed");
             }
+            Op::LoseCheckpoint(mode) => {
+                let mode = match volume {
+                    Volume::Memory(dev) => {
+                        use kvhoard_engine::device::BlockDevice;
+                        let sb = store.superblock().clone();
+                        let crashed = dev.crash(mode);
+                        let zeros = kvhoard_engine::AlignedBuf::zeroed(2 * sb.checkpoint_slot_bytes as usize);
+                        crashed
+                            .write_at(&zeros, sb.checkpoint_offset)
+                            .and_then(|()| crashed.sync())
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        drop(store);
+                        volume = Volume::Memory(Arc::new(crashed));
+                        mode
+                    }
+                    Volume::File(ref dir) => {
+                        // A process crash keeps what was written, as a clean close does.
+                        store.close().map_err(fail)?;
+                        drop(store);
+                        std::fs::remove_file(dir.path().join(kvhoard_engine::CHECKPOINT_FILE))
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        CrashMode::KeepAll
+                    }
+                };
+                store = volume.open(&opts).map_err(fail)?;
+                if trace {
+                    let k0 =
+                        store.get("default", "key-0", ReadOptions::default()).ok().flatten().map(|b| b.meta.location);
+                    eprintln!(
+                        "OPENED {:?} {:?} key-0 at {k0:?}",
+                        store.recovery_report(),
+                        store.superblock().freed_ahead
+                    );
+                }
+                prop_assert_eq!(store.recovery_report().checkpoint_seq, None);
+                model.crashed = true;
+                model.voidable = true;
+                for key in 0..KEYS {
+                    let got = read(&store, key)?;
+                    model.observe(key, got, mode != CrashMode::KeepAll)?;
+                }
+                model.crashed = false;
+                model.voidable = false;
+                model.recovered(mode);
+                prop_assert_eq!(store.stats().read_errors, 0);
+            }
             // On a volume file a process crash keeps what was written, as a clean reopen does.
             Op::Reopen | Op::Crash(_) if !matches!((&op, &volume), (Op::Crash(_), Volume::Memory(_))) => {
                 store.close().map_err(fail)?;
                 drop(store);
                 store = volume.open(&opts).map_err(fail)?;
+                if trace {
+                    let k0 =
+                        store.get("default", "key-0", ReadOptions::default()).ok().flatten().map(|b| b.meta.location);
+                    eprintln!(
+                        "OPENED {:?} {:?} key-0 at {k0:?}",
+                        store.recovery_report(),
+                        store.superblock().freed_ahead
+                    );
+                }
                 model.synced();
                 for key in 0..KEYS {
                     let got = read(&store, key)?;
@@ -534,6 +635,15 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 drop(store);
                 volume = Volume::Memory(crashed);
                 store = volume.open(&opts).map_err(fail)?;
+                if trace {
+                    let k0 =
+                        store.get("default", "key-0", ReadOptions::default()).ok().flatten().map(|b| b.meta.location);
+                    eprintln!(
+                        "OPENED {:?} {:?} key-0 at {k0:?}",
+                        store.recovery_report(),
+                        store.superblock().freed_ahead
+                    );
+                }
                 model.crashed = true;
                 for key in 0..KEYS {
                     let got = read(&store, key)?;
@@ -544,7 +654,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                     }
                 }
                 model.crashed = false;
-                model.synced();
+                model.recovered(mode);
                 prop_assert_eq!(store.stats().read_errors, 0);
             }
             op => apply(op, &store, &mut model, &recording)?,
@@ -815,4 +925,81 @@ fn the_recompressing_setup_writes_blocks_in_the_lossless_form() {
     let stats = run_on(ops, Setup { segments: 7, lru: true, recompress: true, ..Setup::new(Backend::Memory, 0) })
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(stats.recompressed_records > 0, "{stats:?}");
+}
+
+/// Found by the model: a clean close sealed the newest segment use and a cleaning freed it ahead
+/// of older ones; with the checkpoint lost, the next use of that segment got the same seq, and
+/// its scan took the freed use's records for its own, bringing back a value the planner had
+/// dropped and a later put replaced. The superblock's record of that use keeps seqs above it.
+#[test]
+fn a_lost_checkpoint_never_lets_a_new_use_take_the_seq_of_one_freed_ahead() {
+    run_on(
+        vec![
+            Op::Put { key: 2, value: (0, 150000), synced: false },
+            Op::Put { key: 6, value: (0, 150000), synced: false },
+            Op::Put { key: 2, value: (0, 150001), synced: false },
+            Op::Put { key: 10, value: (0, 212993), synced: false },
+            Op::Put { key: 6, value: (1, 200000), synced: false },
+            Op::CleanAround(vec![Op::Put { key: 5, value: (0, 290817), synced: false }]),
+            Op::Pin { key: 0 },
+            Op::PutGrouped { key: 8, value: (0, 237569), group: 1 },
+            Op::PutGrouped { key: 5, value: (0, 299009), group: 1 },
+            Op::Put { key: 7, value: (0, 180225), synced: true },
+            Op::Reopen,
+            Op::Put { key: 2, value: (0, 150000), synced: false },
+            Op::Pin { key: 0 },
+            Op::Crash(CrashMode::DropAll),
+            Op::CleanAround(vec![
+                Op::Put { key: 5, value: (0, 192553), synced: false },
+                Op::PutGrouped { key: 3, value: (0, 256305), group: 1 },
+            ]),
+            Op::Put { key: 2, value: (0, 238862), synced: false },
+            Op::Pin { key: 0 },
+            Op::Put { key: 0, value: (0, 217089), synced: false },
+            Op::Reopen,
+            Op::Clean,
+            Op::Put { key: 5, value: (0, 175464), synced: false },
+            Op::LoseCheckpoint(CrashMode::KeepAll),
+            Op::Clean,
+            Op::Put { key: 4, value: (0, 155649), synced: false },
+            Op::PutGrouped { key: 0, value: (0, 150001), group: 2 },
+            Op::PutGrouped { key: 6, value: (0, 150002), group: 0 },
+            Op::PutGrouped { key: 4, value: (0, 200000), group: 2 },
+            Op::Reopen,
+            Op::Clean,
+            Op::LoseCheckpoint(CrashMode::KeepAll),
+            Op::Put { key: 0, value: (0, 155649), synced: false },
+            Op::Crash(CrashMode::KeepAll),
+        ],
+        Setup { segments: 7, planner_budget: Some(2 * SEGMENT), ..Setup::new(Backend::Memory, 0) },
+    )
+    .unwrap();
+}
+
+/// Found by the model: a cleaning dropped a key whose newest record was a link in a newer
+/// segment, its bytes still stored in an older one; with the checkpoint lost, the log alone
+/// gives the key back its newest bytes: an eviction undone, never an older version.
+#[test]
+fn a_lost_checkpoint_may_undo_an_eviction() {
+    run_on(
+        vec![
+            Op::CleanAround(vec![
+                Op::Put { key: 0, value: (0, 188417), synced: false },
+                Op::Put { key: 9, value: (1, 200000), synced: false },
+            ]),
+            Op::Pin { key: 9 },
+            Op::Put { key: 9, value: (0, 151553), synced: false },
+            Op::PutGrouped { key: 0, value: (0, 282625), group: 0 },
+            Op::Put { key: 0, value: (0, 180225), synced: false },
+            Op::Put { key: 0, value: (0, 217089), synced: false },
+            Op::Put { key: 0, value: (0, 204801), synced: false },
+            Op::CleanAround(vec![Op::Put { key: 0, value: (1, 200000), synced: false }]),
+            Op::CleanAround(vec![Op::Put { key: 1, value: (0, 196609), synced: false }]),
+            Op::Put { key: 0, value: (1, 200000), synced: false },
+            Op::Clean,
+            Op::LoseCheckpoint(CrashMode::KeepAll),
+        ],
+        Setup { segments: 7, checkpoint_every_segments: 1, ..Setup::new(Backend::Memory, 0) },
+    )
+    .unwrap();
 }

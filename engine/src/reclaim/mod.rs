@@ -84,11 +84,12 @@ pub(crate) fn free_victim(
     checkpoint: bool,
 ) -> Result<()> {
     let checkpoint_first = checkpoint || needs_checkpoint(parts, sealed, victim);
-    let ahead = Fifo::oldest(sealed).is_some_and(|oldest| oldest != victim);
     let victim_seq = state.segments.get(victim as usize).map_or(0, |s| s.seq);
-    // A delete finds its key absent without the log lock: until the victim's drop is durable,
-    // one of its keys may come back after a crash, so a delete writes its tombstone.
-    let window = parts.dropped_keys.open_window();
+    // Recorded in the superblock unless it is the oldest use: replay from the log alone would
+    // bring back what it held the newest versions of. The newest use is recorded too (the only
+    // one left), so that the next use never gets its seq (`recovery`, `next_seq`).
+    let ahead = Fifo::oldest(sealed).is_some_and(|oldest| oldest != victim)
+        || state.segments.iter().filter(|s| s.state != SegState::Free).all(|s| s.seq <= victim_seq);
     parts.log.mark_free(state, victim);
     let dropped = parts.index_write().drop_segment(victim);
     parts.tiers.drop_segment(victim);
@@ -108,7 +109,6 @@ pub(crate) fn free_victim(
         parts.log.record_freed_ahead(state, victim_seq, parts.checkpoints.newest_seq(), &parts.policies.stored())?;
     }
     parts.log.erase_segment_header(state, victim)?;
-    window.close();
     parts.metrics.count_eviction(&dropped);
     parts.placement.dropped(&dropped.key_ids);
     tracing::debug!(segment = victim, keys = dropped.keys, blocks = dropped.blocks, "segment reclaimed");

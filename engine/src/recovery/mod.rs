@@ -144,7 +144,11 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     // since the last sync is such a candidate, and there are at most `segment_count` of them
     // (each takes a segment that was free at that sync: reclaiming another one syncs), so the
     // seqs after the highest one known are skipped.
-    let mut next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1) + u64::from(sb.segment_count) + 1;
+    // A use freed ahead of older ones (recorded in the superblock) may have had a higher seq than
+    // any use left: without a checkpoint, only the superblock tells.
+    let mut next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1).max(sb.freed_ahead.seq + 1)
+        + u64::from(sb.segment_count)
+        + 1;
     // A damaged segment of unknown use may have held the newest version or the deletion of any
     // key: each becomes a use after every other, holding only a `Lost` entry, which voids every
     // key written before it.

@@ -55,6 +55,8 @@ pub(crate) struct Prepared<'a> {
     /// With a condition: the block must also be named by no other key (a block the cleaner
     /// recompresses: the other keys would lose it with the segment it is cleaning).
     sole: bool,
+    /// A tombstone: whether the index named its key when it was reserved.
+    pub(crate) named: bool,
 }
 
 impl<'a> Prepared<'a> {
@@ -76,6 +78,7 @@ impl<'a> Prepared<'a> {
             condition,
             record: None,
             sole: false,
+            named: false,
         }
     }
 
@@ -100,6 +103,7 @@ impl<'a> Prepared<'a> {
             condition: Some((key, before)),
             record: None,
             sole: false,
+            named: false,
         }
     }
 
@@ -217,7 +221,18 @@ impl Parts {
         let stored = compressed.as_deref().unwrap_or(bytes);
         let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, stored));
         let key = key_fp(namespace, &header.key);
-        Prepared { header, payload: bytes, compressed, buf, key, content, condition: None, record: None, sole: false }
+        Prepared {
+            header,
+            payload: bytes,
+            compressed,
+            buf,
+            key,
+            content,
+            condition: None,
+            record: None,
+            sole: false,
+            named: false,
+        }
     }
 
     /// Reserves `items` (several reservations when they span segments) and hands them to the
@@ -253,16 +268,6 @@ impl Parts {
         state.writable()?;
         let mut jobs = Vec::with_capacity(items.len());
         for (done, item) in items.iter_mut().enumerate() {
-            // A key placement dropped may still have a record a crash would bring back: its
-            // tombstone is written.
-            let tombstone_of_nothing = |item: &Prepared<'_>| {
-                item.header.kind == RecordKind::Tombstone
-                    && self.index_read().key(&item.key).is_none()
-                    && !self.dropped_keys.may_hold(&item.key)
-            };
-            if tombstone_of_nothing(item) {
-                continue;
-            }
             loop {
                 let units = (item.header.record_bytes() / UNIT_BYTES) as u32;
                 let header_len = item.header.encoded_len();
@@ -330,10 +335,10 @@ impl Parts {
                 }
                 break;
             }
-            if tombstone_of_nothing(item) {
-                // Opening a segment reclaimed the key just now: nothing is left to delete.
-                continue;
-            }
+            // A tombstone is written whether or not the index names its key (`Store::delete`);
+            // whether it did, under the lock that every change of the index takes, is the
+            // delete's answer.
+            item.named = item.header.kind == RecordKind::Tombstone && self.index_read().key(&item.key).is_some();
             match self.reserve_one(&mut state, item) {
                 Ok(job) => jobs.push(job),
                 // The records reserved before it are in flight and must be handed over, or a
@@ -379,7 +384,6 @@ impl Parts {
             RecordKind::Lost => None,
         };
         if let Some(record) = record {
-            self.dropped_keys.forget(&item.key);
             self.placement.located(KeyId(item.key), context_of(h.group_id, &h.namespace, &h.key), record);
         }
         let unit = open.reserve(units, &encoded);

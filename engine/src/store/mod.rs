@@ -201,7 +201,6 @@ impl Store {
                 recovered.checkpoint_covers,
             )),
             pins: Pins::default(),
-            dropped_keys: Default::default(),
             placement: Arc::clone(&opts.placement),
             pool: BufferPool::new(64, opts.buffer_pool_bytes),
             codecs: Codecs::default(),

@@ -109,16 +109,15 @@ impl Store {
         validate_key(key)?;
         let parts = &self.parts;
         let kfp = key_fp(namespace, key);
-        // A key placement dropped is absent from the index, but a crash could bring its record
-        // back: its tombstone is written all the same, and it did not exist.
-        let present = parts.index_read().key(&kfp).is_some();
-        if !present && !parts.dropped_keys.may_hold(&kfp) {
-            return Ok(false);
-        }
+        // The tombstone is written even when the index does not name the key, as log-structured
+        // stores do: a record of it may still lie in the log (a key placement or reclaim
+        // dropped, in a segment whose freeing is not durable yet, say), and a crash or an open
+        // without the checkpoint would bring it back. Only the checkpoint knows which keys have
+        // no record left, and a delete must not rest on it.
         let header = tombstone(namespace, key, parts.clock.now_unix_ms());
         let mut one = [Prepared::without_payload(header, kfp, [0; 16], None)];
         let (jobs, _) = parts.reserve(&mut one)?;
-        let existed = present && !jobs.is_empty();
+        let existed = one.iter().any(|p| p.named);
         let end = jobs.iter().map(WriteJob::end).max();
         self.submit(jobs, durability)?;
         if let (Durability::Synced, Some(end)) = (durability, end) {
