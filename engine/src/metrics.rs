@@ -37,6 +37,8 @@ pub(crate) struct Metrics {
     pub decoded: AtomicU64,
     /// Segments a cleaner emptied ahead of need.
     pub segments_cleaned: AtomicU64,
+    /// Segments freed while an older one was still in the log, recorded in the superblock.
+    pub segments_freed_ahead: AtomicU64,
     /// Records a cleaner wrote again (blocks and links it kept).
     pub relocated_records: AtomicU64,
     /// Bytes of those records: cleaning's writes, for write amplification.

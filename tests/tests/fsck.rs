@@ -251,6 +251,7 @@ fn freed_ahead_volume(vol: &Path) -> (StoreOptions, String, Vec<u8>) {
         fill();
     }
     assert_eq!(segment_of("pinned"), Some(first), "the oldest segment was reclaimed");
+    assert!(store.stats().segments_freed_ahead >= 1, "{:?}", store.stats());
     store.put("default", "newest", b"written last", &PutOptions::default()).unwrap();
     store.close().unwrap();
     (opts, "newest".into(), b"written last".to_vec())

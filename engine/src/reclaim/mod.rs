@@ -107,6 +107,7 @@ pub(crate) fn free_victim(
         // The newest checkpoint on disk now knows the victim is gone (it was written first, or
         // covers it); recovery without it must not trust the log alone (`FreedAhead`).
         parts.log.record_freed_ahead(state, victim_seq, parts.checkpoints.newest_seq(), &parts.policies.stored())?;
+        parts.metrics.segments_freed_ahead.fetch_add(1, Ordering::Relaxed);
     }
     parts.log.erase_segment_header(state, victim)?;
     parts.metrics.count_eviction(&dropped);

@@ -75,6 +75,11 @@ impl Stats {
             ("codec_skipped_total", "Blocks a codec could not take, stored as they were.", self.codec_skipped),
             ("decoded_total", "Blocks decoded on reads.", self.decoded),
             ("segments_cleaned_total", "Segments the cleaner emptied ahead of need.", self.segments_cleaned),
+            (
+                "segments_freed_ahead_total",
+                "Segments freed while an older one was still in the log (recorded in the superblock).",
+                self.segments_freed_ahead,
+            ),
             ("relocated_records_total", "Records the cleaner wrote again.", self.relocated_records),
             ("relocated_bytes_total", "Bytes the cleaner wrote.", self.relocated_bytes),
             (

@@ -87,6 +87,9 @@ pub struct Stats {
     pub decoded: u64,
     /// Segments the cleaner emptied ahead of need.
     pub segments_cleaned: u64,
+    /// Segments freed while an older one was still in the log (each recorded in both superblock
+    /// copies: two syncs).
+    pub segments_freed_ahead: u64,
     /// Records the cleaner wrote again (what placement kept).
     pub relocated_records: u64,
     /// Bytes the cleaner wrote.
@@ -228,6 +231,7 @@ impl Store {
             codec_skipped: get(&m.codec_skipped),
             decoded: get(&m.decoded),
             segments_cleaned: get(&m.segments_cleaned),
+            segments_freed_ahead: get(&m.segments_freed_ahead),
             relocated_records: get(&m.relocated_records),
             relocated_bytes: get(&m.relocated_bytes),
             recompressed_records: get(&m.recompressed_records),

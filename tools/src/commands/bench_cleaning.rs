@@ -128,6 +128,7 @@ pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
             "checkpoints": s.checkpoints,
             "put_mbps": (v.next.saturating_sub(hot) as f64 * block as f64 / v.put_s.max(1e-9) / 1e6).round(),
             "segments_cleaned": s.segments_cleaned,
+            "segments_freed_ahead": s.segments_freed_ahead,
             "write_amplification": round3(s.write_amplification),
             "capacity_bytes": s.capacity_bytes,
         })
