@@ -38,7 +38,6 @@ pub(crate) struct Parts {
     pub(crate) checkpoints: Arc<Checkpoints>,
     /// Keys kept out of reclaim's way while they are read.
     pub(crate) pins: Pins,
-    /// Keys placement dropped that a crash could bring back.
     /// Where blocks live and in what form.
     pub(crate) placement: Arc<dyn Placement>,
     /// Record buffers for puts and gets, reused without zeroing.

@@ -160,6 +160,27 @@ fn a_flipped_bit_in_one_superblock_copy_is_repaired_from_the_other() {
     }
 }
 
+/// A crash between the writes of the two copies (a segment freed ahead records itself in both)
+/// leaves copy B older than copy A: fsck finds it and repair writes B again from A.
+#[test]
+fn superblock_copies_that_differ_are_found_and_b_rewritten_from_a() {
+    use kvhoard_engine::format::superblock::{FreedAhead, Superblock};
+    let dir = tempfile::tempdir().unwrap();
+    let vol = volume(dir.path());
+    patch(&data(&vol), 0, |b| {
+        let mut sb = Superblock::decode(b).unwrap();
+        sb.freed_ahead = FreedAhead { seq: 3, checkpoint_seq: 1 };
+        b.copy_from_slice(&sb.encode(0));
+    });
+    let outcome = run(&vol, false);
+    let p = outcome.found.problems.iter().find(|p| p.kind == "superblock_copy").unwrap();
+    assert!(p.detail.contains("differs from copy A"), "{p:?}");
+    repair_and_verify(&vol, &[]);
+    let dev = FileDevice::open(&data(&vol), false).unwrap();
+    let scan = scan_volume(&dev, ScanOptions::default(), &|_, _| {}).unwrap();
+    assert_eq!(scan.sb.freed_ahead, FreedAhead { seq: 3, checkpoint_seq: 1 });
+}
+
 #[test]
 fn a_zeroed_page_in_the_middle_of_a_segment_loses_only_that_block() {
     let dir = tempfile::tempdir().unwrap();

@@ -145,6 +145,13 @@ pub fn read_superblocks(dev: &dyn BlockDevice) -> Result<(Superblock, Vec<(u32, 
             Err(e) => damaged.push((copy, e)),
         }
     }
+    // Both decode but say different things: a crash between the writes of copy A and copy B
+    // (A is written first), so A is the newer.
+    if let [a, b] = valid.as_slice() {
+        if (Superblock { copy: a.copy, ..b.clone() }) != *a {
+            damaged.push((1, "differs from copy A (a crash between their writes): copy A is the newer".into()));
+        }
+    }
     match valid.into_iter().next() {
         Some(sb) => Ok((sb, damaged)),
         None => {

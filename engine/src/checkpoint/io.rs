@@ -174,7 +174,7 @@ impl CheckpointStore {
                     tracing::warn!(
                         needed,
                         slot_bytes,
-                        "checkpoint does not fit its slot; open will replay the log instead"
+                        "checkpoint does not fit its slot; open will use the older one, or the log alone"
                     );
                     return Ok(false);
                 }

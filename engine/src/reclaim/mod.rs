@@ -90,6 +90,15 @@ pub(crate) fn free_victim(
     // one left), so that the next use never gets its seq (`recovery`, `next_seq`).
     let ahead = Fifo::oldest(sealed).is_some_and(|oldest| oldest != victim)
         || state.segments.iter().filter(|s| s.state != SegState::Free).all(|s| s.seq <= victim_seq);
+    if ahead {
+        // Recorded before anything can make the victim's loss durable: the checkpoint written
+        // first (its seq is known now: snapshots are numbered under this lock), or the header's
+        // erasure. Recovery that loads no checkpoint that knows (this one, not written after
+        // all, or the newest one on disk, which covers the victim) voids instead.
+        let knows = if checkpoint_first { state.next_checkpoint_seq } else { parts.checkpoints.newest_seq() };
+        parts.log.record_freed_ahead(state, victim_seq, knows, &parts.policies.stored())?;
+        parts.metrics.segments_freed_ahead.fetch_add(1, Ordering::Relaxed);
+    }
     parts.log.mark_free(state, victim);
     let dropped = parts.index_write().drop_segment(victim);
     parts.tiers.drop_segment(victim);
@@ -102,12 +111,6 @@ pub(crate) fn free_victim(
             parts.log.poison(state, format!("cannot write the checkpoint freeing segment {victim} needs: {e}"));
             return Err(e);
         }
-    }
-    if ahead {
-        // The newest checkpoint on disk now knows the victim is gone (it was written first, or
-        // covers it); recovery without it must not trust the log alone (`FreedAhead`).
-        parts.log.record_freed_ahead(state, victim_seq, parts.checkpoints.newest_seq(), &parts.policies.stored())?;
-        parts.metrics.segments_freed_ahead.fetch_add(1, Ordering::Relaxed);
     }
     parts.log.erase_segment_header(state, victim)?;
     parts.metrics.count_eviction(&dropped);

@@ -278,8 +278,9 @@ pub(crate) fn void_all(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Che
         }
     }
     let Some(index) = free else { return Ok(None) };
-    // As recovery's next seq: past every use a crash may have lost without a trace.
-    let seq = max_seq + 1 + u64::from(sb.segment_count) + 1;
+    // As recovery's next seq: past every use a crash may have lost without a trace, and every
+    // use freed ahead of older ones.
+    let seq = max_seq.max(sb.freed_ahead.seq) + 1 + u64::from(sb.segment_count) + 1;
     void_segment(dev, sb, index, seq)?;
     dev.sync()?;
     Ok(Some(index))

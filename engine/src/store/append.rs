@@ -237,7 +237,7 @@ impl Parts {
 
     /// Reserves `items` (several reservations when they span segments) and hands them to the
     /// log writer without waiting; returns the end of the last record, `None` when nothing was
-    /// reserved (a tombstone of a key already gone). The caller waits for that end
+    /// reserved. The caller waits for that end
     /// ([`crate::log::Log::wait_written`]) before it counts on them: cleaning keeps its
     /// relocations in flight this way.
     pub(crate) fn append_handed(&self, items: &mut [Prepared<'_>]) -> Result<Option<Pos>> {

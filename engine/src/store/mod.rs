@@ -241,7 +241,7 @@ impl Store {
             ttl_planner: Mutex::new(Some((stopper, ttl_planner))),
         };
         let report = &store.parts.recovery;
-        if report.records_replayed > 0 || report.stale_segments_freed > 0 {
+        if report.records_replayed > 0 || report.stale_segments_freed > 0 || report.keys_voided > 0 {
             // Save the replay's work for the next open.
             let mut state = store.parts.log.lock();
             store.parts.checkpoint_now(&mut state)?;
