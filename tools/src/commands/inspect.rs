@@ -49,6 +49,8 @@ fn summary(view: &VolumeView, json: bool) {
                 "namespaces": ns, "codecs": s.codecs, "tiers": s.tiers,
                 "live_ratio_histogram": s.live_ratio_histogram, "ttl": s.ttl, "age": s.age,
                 "checkpoint_seq": view.checkpoint_seq,
+                "freed_ahead_seq": view.scan.sb.freed_ahead.seq,
+                "freed_ahead_checkpoint_seq": view.scan.sb.freed_ahead.checkpoint_seq,
             })
         );
         return;
@@ -80,6 +82,19 @@ fn summary(view: &VolumeView, json: bool) {
     }
     println!("ttl        {}", join(&s.ttl));
     println!("age        {}", join(&s.age));
+    let freed = view.scan.sb.freed_ahead;
+    println!(
+        "checkpoint {}   {}",
+        view.checkpoint_seq.map_or_else(|| "none usable".to_string(), |c| format!("#{c}")),
+        if freed.seq == 0 {
+            "no segment freed ahead of an older one".to_string()
+        } else {
+            format!(
+                "segment uses up to {} freed ahead of older ones: without checkpoint #{} or newer, open voids the keys written before",
+                freed.seq, freed.checkpoint_seq
+            )
+        }
+    );
 }
 
 fn join(m: &std::collections::BTreeMap<String, u64>) -> String {
