@@ -279,8 +279,15 @@ struct Model {
     evicted_unsynced: BTreeMap<u8, BTreeSet<Value>>,
     /// The reads that follow a crash (of any kind) are going on.
     crashed: bool,
-    /// The reads that follow an open without a checkpoint are going on: any key may be a miss.
-    voidable: bool,
+    /// The reads that follow an open that lost its checkpoints are going on: a key reclaim
+    /// dropped may be found again, and a key whose newest record is a link may be a miss (the
+    /// link replayed before its bytes' one record).
+    lost_checkpoint: bool,
+    /// That open voided keys (`RecoveryReport::keys_voided`): any key may be a miss.
+    voided: bool,
+    /// Values some key holds through a link: put while another key held the same bytes, or
+    /// renamed.
+    linked: BTreeSet<Value>,
 }
 
 impl Model {
@@ -296,6 +303,11 @@ impl Model {
     }
 
     fn write(&mut self, key: u8, v: Option<Value>, synced: bool) {
+        if let Some(v) = v {
+            if self.current.iter().any(|(k, held)| *k != key && *held == Some(v)) {
+                self.linked.insert(v);
+            }
+        }
         self.current.insert(key, v);
         self.since_sync.entry(key).or_default().push(v);
         // The write supersedes what the planner dropped before it, once it is durable.
@@ -350,7 +362,7 @@ impl Model {
             allowed.insert(self.durable.get(&key).copied().flatten());
             allowed.extend(self.since_sync.get(&key).into_iter().flatten().copied());
         }
-        if self.maybe_dropped.remove(&key) || self.voidable {
+        if self.maybe_dropped.remove(&key) || self.voided {
             allowed.insert(None);
         }
         let planned = self.planner_dropped.remove(&key);
@@ -364,7 +376,7 @@ impl Model {
             if after_crash {
                 back.extend(self.resurrect_unsynced.get(&key).into_iter().flatten().copied());
             }
-            if self.voidable {
+            if self.lost_checkpoint {
                 back.extend(self.evicted.get(&key).into_iter().flatten().copied());
                 if after_crash {
                     back.extend(self.evicted_unsynced.get(&key).into_iter().flatten().copied());
@@ -374,6 +386,9 @@ impl Model {
                 allowed.insert(None);
                 allowed.extend(back.into_iter().map(Some));
             }
+        }
+        if self.lost_checkpoint && allowed.iter().flatten().any(|v| self.linked.contains(v)) {
+            allowed.insert(None);
         }
         // Compare bytes, not seeds: different seeds can give identical short blocks.
         let matched = allowed.iter().copied().find(|v| match (v, &got) {
@@ -608,13 +623,15 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                     prop_assert_eq!(store.recovery_report().checkpoint_seq, None);
                 }
                 model.crashed = true;
-                model.voidable = true;
+                model.lost_checkpoint = true;
+                model.voided = store.recovery_report().keys_voided > 0;
                 for key in 0..KEYS {
                     let got = read(&store, key)?;
                     model.observe(key, got, mode != CrashMode::KeepAll)?;
                 }
                 model.crashed = false;
-                model.voidable = false;
+                model.lost_checkpoint = false;
+                model.voided = false;
                 model.recovered(mode);
                 prop_assert_eq!(store.stats().read_errors, 0);
             }
@@ -771,12 +788,8 @@ fn apply(op: Op, store: &Store, model: &mut Model, recording: &Recording) -> Res
                 key,
                 existed
             );
-            // Deleting a missing key writes nothing, so it syncs nothing either. A key the
-            // planner dropped gets its tombstone all the same (a crash could bring it back), but
-            // only if the store removed it, that is if it held it: the planner may hand over a
-            // key the store no longer holds (here its state outlives a crash, which lost the
-            // key), and the store then writes nothing.
-            model.write(key, None, synced && (existed || (unsure && expected)));
+            // Every delete writes its tombstone, a missing key's too: synced, it is durable.
+            model.write(key, None, synced);
         }
         Op::Rename { from, to, synced } => {
             let durability = if synced { Durability::Synced } else { Durability::Written };
