@@ -364,10 +364,11 @@ impl Log {
     }
 
     /// Records in both superblock copies that segment use `seq` is reclaimed while an older use
-    /// is still in the log, and that checkpoint `checkpoint_seq`, the newest on disk, knows it is
-    /// gone ([`FreedAhead`]). Called before the segment's header is erased: from then on the
-    /// log alone would bring back older versions of the keys whose newest records it held, and
-    /// recovery without that checkpoint must void them instead. A failure poisons the log.
+    /// is still in the log, and that checkpoint `checkpoint_seq` knows it is gone
+    /// ([`FreedAhead`]): the one about to be written, or the newest on disk. Called before either
+    /// that checkpoint is written or the segment's header erased: from then on the log alone
+    /// would bring back older versions of the keys whose newest records it held, and recovery
+    /// without that checkpoint must void them instead. A failure poisons the log.
     pub(crate) fn record_freed_ahead(
         &self,
         state: &mut LogState,
