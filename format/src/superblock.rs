@@ -68,7 +68,8 @@ pub struct Superblock {
 pub struct FreedAhead {
     /// The highest seq of a use reclaimed ahead of an older one; 0: none.
     pub seq: u64,
-    /// The newest checkpoint on disk when it was reclaimed, which knows it is gone.
+    /// The checkpoint that knows it is gone: the one reclaim wrote before freeing it, or the
+    /// newest on disk then, which covered it.
     pub checkpoint_seq: u64,
 }
 

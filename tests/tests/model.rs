@@ -409,8 +409,9 @@ impl Model {
             // Dropped by reclaim during the operation that wrote it: gone for good.
             self.dropped(key);
         }
-        if after_crash && value.is_some() && self.since_sync.get(&key).and_then(|w| w.last()) == Some(&value) {
-            // The key's last write survived the crash: what it superseded stays superseded.
+        if after_crash && value.is_some() && self.since_sync.get(&key).is_some_and(|w| w.contains(&value)) {
+            // A write of the key since the last sync survived the crash: what it superseded
+            // stays superseded. (A surviving delete reads as a lost one: that case stays open.)
             self.resurrect_unsynced.remove(&key);
             self.evicted_unsynced.remove(&key);
         }

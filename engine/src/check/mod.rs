@@ -214,8 +214,8 @@ fn superblock_problems(scan: &VolumeScan, r: &mut Report) {
             "superblock_copy",
             None,
             Some(u64::from(*copy) * UNIT_BYTES),
-            format!("superblock copy {} is damaged: {why}", if *copy == 0 { "A" } else { "B" }),
-            "the volume opens with the other copy; repair rewrites this one from it",
+            format!("superblock copy {} is damaged or stale: {why}", if *copy == 0 { "A" } else { "B" }),
+            "the volume opens with the other copy (copy A when both decode); repair rewrites this one from it",
         ));
     }
 }

@@ -29,7 +29,9 @@ use crate::placement::{Fifo, SegmentView};
 /// back after a crash. A victim that is not the oldest could hold the newest version of a key
 /// whose older version lives in an older segment; unless the newest checkpoint already covers
 /// the victim and every older segment, a checkpoint written first makes sure replay never
-/// brings that older version back.
+/// brings that older version back; and the superblock records the victim before its header
+/// goes, so that an open without that checkpoint voids such keys rather than trust the log
+/// alone (`free_victim`).
 pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
     let sealed = sealed_views(parts, state);
     if sealed.is_empty() {
@@ -90,15 +92,10 @@ pub(crate) fn free_victim(
     // one left), so that the next use never gets its seq (`recovery`, `next_seq`).
     let ahead = Fifo::oldest(sealed).is_some_and(|oldest| oldest != victim)
         || state.segments.iter().filter(|s| s.state != SegState::Free).all(|s| s.seq <= victim_seq);
-    if ahead {
-        // Recorded before anything can make the victim's loss durable: the checkpoint written
-        // first (its seq is known now: snapshots are numbered under this lock), or the header's
-        // erasure. Recovery that loads no checkpoint that knows (this one, not written after
-        // all, or the newest one on disk, which covers the victim) voids instead.
-        let knows = if checkpoint_first { state.next_checkpoint_seq } else { parts.checkpoints.newest_seq() };
-        parts.log.record_freed_ahead(state, victim_seq, knows, &parts.policies.stored())?;
-        parts.metrics.segments_freed_ahead.fetch_add(1, Ordering::Relaxed);
-    }
+    // The checkpoint that knows the victim is gone: the one written first (its seq is known
+    // now: snapshots are numbered under this lock; it counts even if it does not fit its slot,
+    // since then no checkpoint on disk knows), or the newest on disk, which covers the victim.
+    let knows = if checkpoint_first { state.next_checkpoint_seq } else { parts.checkpoints.newest_seq() };
     parts.log.mark_free(state, victim);
     let dropped = parts.index_write().drop_segment(victim);
     parts.tiers.drop_segment(victim);
@@ -111,6 +108,14 @@ pub(crate) fn free_victim(
             parts.log.poison(state, format!("cannot write the checkpoint freeing segment {victim} needs: {e}"));
             return Err(e);
         }
+    }
+    if ahead {
+        // Recorded after that checkpoint, so that a crash before it leaves nothing that voids
+        // keys (the victim is still whole then), and before the header's erasure, which makes the
+        // victim's loss durable. A crash between the checkpoint and this record leaves the
+        // header, which the next open erases as stale, recording it first (`recovery`).
+        parts.log.record_freed_ahead(state, victim_seq, knows, &parts.policies.stored())?;
+        parts.metrics.segments_freed_ahead.fetch_add(1, Ordering::Relaxed);
     }
     parts.log.erase_segment_header(state, victim)?;
     parts.metrics.count_eviction(&dropped);

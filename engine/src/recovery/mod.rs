@@ -73,6 +73,8 @@ pub(crate) struct Recovered {
     /// The segment table of the checkpoint used (empty without one): the newest valid checkpoint
     /// on disk, which a crash before the next one is written would recover from again.
     pub checkpoint_covers: Vec<SegmentState>,
+    /// The newest segment use freed ahead of older ones, as both superblock copies now hold it.
+    pub freed_ahead: FreedAhead,
     /// What happened.
     pub report: RecoveryReport,
 }
@@ -100,6 +102,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     let mut unknown = Vec::new();
     let mut max_seq = 0;
     let mut wrote = false;
+    let mut freed_ahead = sb.freed_ahead;
     for index in 0..sb.segment_count {
         let (h, rebuilt) = match read_header(dev, sb, index)? {
             HeaderRead::Free => continue,
@@ -120,6 +123,10 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
                     seq = h.seq,
                     "segment was reclaimed before the last checkpoint; freeing it"
                 );
+                // Its reclaim may have stopped before it recorded the use in the superblock
+                // (between the checkpoint and the record): recorded now, before the header goes,
+                // so that an open without this checkpoint does not trust the log alone.
+                freed_ahead = record_freed(dev, sb, freed_ahead, h.seq, c.checkpoint_seq)?;
                 dev.write_at(&AlignedBuf::zeroed(UNIT_BYTES as usize), sb.segment_offset(index))?;
                 report.stale_segments_freed += 1;
                 wrote = true;
@@ -146,9 +153,12 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     // seqs after the highest one known are skipped.
     // A use freed ahead of older ones (recorded in the superblock) may have had a higher seq than
     // any use left: without a checkpoint, only the superblock tells.
-    let mut next_seq = cp.as_ref().map_or(1, |c| c.next_segment_seq).max(max_seq + 1).max(sb.freed_ahead.seq + 1)
-        + u64::from(sb.segment_count)
-        + 1;
+    let mut next_seq = cp
+        .as_ref()
+        .map_or(1, |c| c.next_segment_seq)
+        .max(max_seq.saturating_add(1))
+        .max(freed_ahead.seq.saturating_add(1))
+        .saturating_add(u64::from(sb.segment_count) + 1);
     // A damaged segment of unknown use may have held the newest version or the deletion of any
     // key: each becomes a use after every other, holding only a `Lost` entry, which voids every
     // key written before it.
@@ -216,7 +226,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         }
     }
     index.replaying(false);
-    report.keys_voided = void_freed_ahead(&mut index, sb.freed_ahead, report.checkpoint_seq, &seq_of);
+    report.keys_voided = void_freed_ahead(&mut index, freed_ahead, report.checkpoint_seq, &seq_of);
     // The newest unsealed segment is appended to again if nothing of its use lies past its
     // valid end; every other one is sealed after its last valid record (after the last evidence
     // of damage, when there is some), so that nothing is ever appended in front of stale records
@@ -255,10 +265,22 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     // Checkpoint seqs go on from the newest one a segment freed ahead relied on, even if it was
     // not loaded: a checkpoint numbered below it would be taken for one that does not know.
-    let next_checkpoint_seq =
-        cp.as_ref().map_or(1, |c: &Checkpoint| c.checkpoint_seq + 1).max(sb.freed_ahead.checkpoint_seq + 1);
+    let next_checkpoint_seq = cp
+        .as_ref()
+        .map_or(1, |c: &Checkpoint| c.checkpoint_seq.saturating_add(1))
+        .max(freed_ahead.checkpoint_seq.saturating_add(1));
     let checkpoint_covers = cp.map(|c| c.segments).unwrap_or_default();
-    Ok(Recovered { index, segments, open, resumable, next_seq, next_checkpoint_seq, checkpoint_covers, report })
+    Ok(Recovered {
+        index,
+        segments,
+        open,
+        resumable,
+        next_seq,
+        next_checkpoint_seq,
+        checkpoint_covers,
+        freed_ahead,
+        report,
+    })
 }
 
 /// Voids every key of the volume, for one whose lost parts could have held anything (a volume
@@ -280,7 +302,7 @@ pub(crate) fn void_all(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Che
     let Some(index) = free else { return Ok(None) };
     // As recovery's next seq: past every use a crash may have lost without a trace, and every
     // use freed ahead of older ones.
-    let seq = max_seq.max(sb.freed_ahead.seq) + 1 + u64::from(sb.segment_count) + 1;
+    let seq = max_seq.max(sb.freed_ahead.seq).saturating_add(u64::from(sb.segment_count) + 2);
     void_segment(dev, sb, index, seq)?;
     dev.sync()?;
     Ok(Some(index))
@@ -364,6 +386,23 @@ fn seal_recovered(
     }
     write_seal(dev, sb, i, seq, end_unit, &bytes, entries.len() as u32)?;
     Ok(())
+}
+
+/// Records in both superblock copies (each synced) that use `seq` is freed and checkpoint
+/// `checkpoint_seq` knows it, unless `freed` says as much already; returns what they hold.
+fn record_freed(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    freed: FreedAhead,
+    seq: u64,
+    checkpoint_seq: u64,
+) -> Result<FreedAhead> {
+    let want = FreedAhead { seq: freed.seq.max(seq), checkpoint_seq: freed.checkpoint_seq.max(checkpoint_seq) };
+    if want != freed {
+        let sb = Superblock { freed_ahead: want, ..sb.clone() };
+        crate::volume::write_superblocks(dev, &sb, &crate::volume::read_policies(dev))?;
+    }
+    Ok(want)
 }
 
 /// Voids the keys that a segment use freed ahead of an older one may have held newer versions or

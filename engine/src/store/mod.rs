@@ -188,7 +188,7 @@ impl Store {
             recovered.resumable,
             recovered.next_seq,
             recovered.next_checkpoint_seq,
-            sb.freed_ahead,
+            recovered.freed_ahead,
         );
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let parts = Arc::new(Parts {
@@ -254,7 +254,7 @@ impl Store {
         &self.parts.recovery
     }
 
-    /// The volume's superblock.
+    /// The volume's superblock as it was opened (its `freed_ahead` may have grown since).
     pub fn superblock(&self) -> &Superblock {
         &self.parts.log.sb
     }

@@ -88,7 +88,7 @@ pub struct Stats {
     /// Segments the cleaner emptied ahead of need.
     pub segments_cleaned: u64,
     /// Segments freed while an older one was still in the log (each recorded in both superblock
-    /// copies: two syncs).
+    /// copies, two syncs, unless the record already said as much).
     pub segments_freed_ahead: u64,
     /// Records the cleaner wrote again (what placement kept).
     pub relocated_records: u64,
