@@ -73,7 +73,17 @@ pub struct FreedAhead {
     pub checkpoint_seq: u64,
 }
 
+/// Highest seq a superblock may record for a segment use or checkpoint: far beyond any a volume
+/// reaches (a use per microsecond for 140,000 years), and room to count on from it.
+pub const SEQ_MAX: u64 = 1 << 62;
+
 impl FreedAhead {
+    /// With use `seq` freed ahead too, known gone by checkpoint `checkpoint_seq`: the highest of
+    /// each, so that the record covers every use freed so far.
+    pub fn and(self, seq: u64, checkpoint_seq: u64) -> FreedAhead {
+        FreedAhead { seq: self.seq.max(seq), checkpoint_seq: self.checkpoint_seq.max(checkpoint_seq) }
+    }
+
     /// Whether recovery from the checkpoint `loaded` (none: the log alone) must void the keys
     /// whose newest record lies in a use below [`FreedAhead::seq`].
     pub fn voids_from(&self, loaded: Option<u64>) -> bool {
@@ -182,6 +192,9 @@ impl Superblock {
                 ),
             );
         }
+        if self.freed_ahead.seq > SEQ_MAX || self.freed_ahead.checkpoint_seq > SEQ_MAX {
+            return bad("freed_ahead", format!("{:?} is beyond any seq a volume reaches", self.freed_ahead));
+        }
         if self.segment_count < SEGMENT_COUNT_MIN {
             return bad("segment_count", format!("{} is below the minimum of {SEGMENT_COUNT_MIN}", self.segment_count));
         }
@@ -276,6 +289,15 @@ mod tests {
         assert!(f.voids_from(Some(8)));
         assert!(!f.voids_from(Some(9)));
         assert!(!f.voids_from(Some(10)));
+        assert_eq!(f.and(7, 12), FreedAhead { seq: 41, checkpoint_seq: 12 });
+        assert_eq!(f.and(50, 3), FreedAhead { seq: 50, checkpoint_seq: 9 });
+    }
+
+    #[test]
+    fn a_freed_ahead_seq_no_volume_reaches_is_rejected() {
+        let mut sb = sample();
+        sb.freed_ahead.seq = u64::MAX;
+        assert!(Superblock::decode(&sb.encode(0)).is_err());
     }
 
     #[test]

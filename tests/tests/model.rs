@@ -612,29 +612,12 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 };
                 store = volume.open(&opts).map_err(fail)?;
                 if trace {
-                    let k0 =
-                        store.get("default", "key-0", ReadOptions::default()).ok().flatten().map(|b| b.meta.location);
-                    eprintln!(
-                        "OPENED {:?} {:?} key-0 at {k0:?}",
-                        store.recovery_report(),
-                        store.superblock().freed_ahead
-                    );
+                    eprintln!("OPENED {:?} {:?}", store.recovery_report(), store.superblock().freed_ahead);
                 }
                 if all {
                     prop_assert_eq!(store.recovery_report().checkpoint_seq, None);
                 }
-                model.crashed = true;
-                model.lost_checkpoint = true;
-                model.voided = store.recovery_report().keys_voided > 0;
-                for key in 0..KEYS {
-                    let got = read(&store, key)?;
-                    model.observe(key, got, mode != CrashMode::KeepAll)?;
-                }
-                model.crashed = false;
-                model.lost_checkpoint = false;
-                model.voided = false;
-                model.recovered(mode);
-                prop_assert_eq!(store.stats().read_errors, 0);
+                read_after_crash(&store, &mut model, mode, true)?;
             }
             // On a volume file a process crash keeps what was written, as a clean reopen does.
             Op::Reopen | Op::Crash(_) if !matches!((&op, &volume), (Op::Crash(_), Volume::Memory(_))) => {
@@ -642,13 +625,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 drop(store);
                 store = volume.open(&opts).map_err(fail)?;
                 if trace {
-                    let k0 =
-                        store.get("default", "key-0", ReadOptions::default()).ok().flatten().map(|b| b.meta.location);
-                    eprintln!(
-                        "OPENED {:?} {:?} key-0 at {k0:?}",
-                        store.recovery_report(),
-                        store.superblock().freed_ahead
-                    );
+                    eprintln!("OPENED {:?} {:?}", store.recovery_report(), store.superblock().freed_ahead);
                 }
                 model.synced();
                 for key in 0..KEYS {
@@ -665,26 +642,9 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 volume = Volume::Memory(crashed);
                 store = volume.open(&opts).map_err(fail)?;
                 if trace {
-                    let k0 =
-                        store.get("default", "key-0", ReadOptions::default()).ok().flatten().map(|b| b.meta.location);
-                    eprintln!(
-                        "OPENED {:?} {:?} key-0 at {k0:?}",
-                        store.recovery_report(),
-                        store.superblock().freed_ahead
-                    );
+                    eprintln!("OPENED {:?} {:?}", store.recovery_report(), store.superblock().freed_ahead);
                 }
-                model.crashed = true;
-                for key in 0..KEYS {
-                    let got = read(&store, key)?;
-                    if mode == CrashMode::KeepAll {
-                        model.observe(key, got, false)?;
-                    } else {
-                        model.observe(key, got, true)?;
-                    }
-                }
-                model.crashed = false;
-                model.recovered(mode);
-                prop_assert_eq!(store.stats().read_errors, 0);
+                read_after_crash(&store, &mut model, mode, false)?;
             }
             op => apply(op, &store, &mut model, &recording)?,
         }
@@ -693,6 +653,24 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
     let stats = store.stats();
     prop_assert_eq!(stats.read_errors, 0);
     Ok(stats)
+}
+
+/// Reads every key after an open that followed a crash in `mode` (that also lost checkpoints,
+/// if `lost`), checks each against the model, and takes what the store holds as durable.
+fn read_after_crash(store: &Store, model: &mut Model, mode: CrashMode, lost: bool) -> Result<(), TestCaseError> {
+    model.crashed = true;
+    model.lost_checkpoint = lost;
+    model.voided = lost && store.recovery_report().keys_voided > 0;
+    for key in 0..KEYS {
+        let got = read(store, key)?;
+        model.observe(key, got, mode != CrashMode::KeepAll)?;
+    }
+    model.crashed = false;
+    model.lost_checkpoint = false;
+    model.voided = false;
+    model.recovered(mode);
+    prop_assert_eq!(store.stats().read_errors, 0);
+    Ok(())
 }
 
 /// After an operation: the keys the planner had the store remove during it, after its writes;

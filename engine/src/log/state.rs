@@ -377,7 +377,7 @@ impl Log {
         policies: &[NsPolicy],
     ) -> Result<()> {
         let before = state.freed_ahead;
-        let freed = FreedAhead { seq: seq.max(before.seq), checkpoint_seq: checkpoint_seq.max(before.checkpoint_seq) };
+        let freed = before.and(seq, checkpoint_seq);
         if freed == before {
             return Ok(());
         }

@@ -397,7 +397,7 @@ fn record_freed(
     seq: u64,
     checkpoint_seq: u64,
 ) -> Result<FreedAhead> {
-    let want = FreedAhead { seq: freed.seq.max(seq), checkpoint_seq: freed.checkpoint_seq.max(checkpoint_seq) };
+    let want = freed.and(seq, checkpoint_seq);
     if want != freed {
         let sb = Superblock { freed_ahead: want, ..sb.clone() };
         crate::volume::write_superblocks(dev, &sb, &crate::volume::read_policies(dev))?;
