@@ -160,6 +160,37 @@ fn eio_in_the_middle_of_a_joined_write_fails_exactly_its_records() {
     eio_in_a_joined_write(Backend::Pread);
 }
 
+/// A record larger than one write is split over several; one of its pieces fails. The put fails,
+/// and the record's header, which the writer starts only once every other piece is on the
+/// device, is never written: the next open finds a hole, not a record that begins and does not
+/// check out (which it would have to take for damage and make the key a miss), and the key's
+/// earlier acknowledged value is there.
+fn eio_in_a_piece_of_a_split_record(backend: Backend) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("volume");
+    std::fs::File::create(&path).unwrap().set_len(SEG * 8).unwrap();
+    let dev = device(&path, backend);
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 64 << 10 };
+    let store = Store::create_on(dev.clone(), &create, StoreOptions { writer, ..StoreOptions::default() }).unwrap();
+    let first = block(1, 100_000);
+    store.put("default", "k", &first, &opts(Durability::Synced)).unwrap();
+    dev.fail_nth(FaultKind::Write, 2);
+    let err = store.put("default", "k", &block(2, 300_000), &opts(Durability::Written)).unwrap_err();
+    assert!(is_eio(&err), "{backend:?}: the put fails with the write's error, got {err:?}");
+    drop(store);
+    let store = reopen(dir.path(), backend);
+    assert_eq!(store.recovery_report().records_discarded, 0, "{backend:?}: nothing taken for damage");
+    assert!(get(&store, "k").unwrap() == Some(first), "{backend:?}: the acknowledged value of k");
+    store.put("default", "after", &block(3, 1000), &opts(Durability::Synced)).unwrap();
+}
+
+#[test]
+fn eio_in_a_piece_of_a_split_record_leaves_the_value_before_it() {
+    eio_in_a_piece_of_a_split_record(Backend::IoUring);
+    eio_in_a_piece_of_a_split_record(Backend::Pread);
+}
+
 #[test]
 fn eio_on_read_is_a_typed_error_and_the_store_keeps_serving() {
     eio_on_read(Backend::IoUring);

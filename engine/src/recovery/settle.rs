@@ -6,11 +6,13 @@
 //! newest version or the deletion of its key; if recovery simply stopped there, the key would
 //! fall back to whatever came before.
 //!
-//! How much recovery may trust depends on how the writer stopped. Writes complete whole, and a
-//! record is acknowledged only after every record before it was written, so after a crash of
-//! the process (the machine's boot unchanged since the segment began, [`crate::device::BlockDevice::boot`])
-//! every record of the segment up to the last one written is whole: a record that does not
-//! check out there is damage. After a power loss, writes since the last sync may be torn or
+//! How much recovery may trust depends on how the writer stopped. Writes complete whole, a
+//! record split over several writes gets its first unit (header and echo) only once the others
+//! are on the device (`writer/thread.rs`), and a record is acknowledged only after every record
+//! before it was written. So after a crash of the process (the machine's boot unchanged since
+//! the segment began, [`crate::device::BlockDevice::boot`]) every record of the segment up to
+//! the last one written is whole, a record the crash cut short left no header (a hole), and a
+//! record that does not check out is damage. After a power loss, writes since the last sync may be torn or
 //! missing, the durability contract lets keys fall back to what was synced, and a record that
 //! does not check out is taken for the torn tail (as every log does; telling a torn write from
 //! damage there would take a durable mark of the last sync).

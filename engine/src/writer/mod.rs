@@ -7,7 +7,10 @@
 //! [`WriterConfig::in_flight_bytes`] in flight through the device's write queue, and marks each
 //! record written as its write completes, in whatever order the device finishes them: the log's
 //! watermark only moves over a prefix with nothing in flight, so an acknowledged record never
-//! depends on an unwritten earlier one.
+//! depends on an unwritten earlier one. A record split over several writes has its first unit
+//! (header and echo) written last, once its other pieces completed: a crash in between leaves
+//! no record that begins and does not check out, which recovery would take for damage after a
+//! process crash and make its key a miss, losing the value before it.
 //!
 //! No client thread does device I/O for a record: the device sees one submitter keeping many
 //! writes in flight, as fio does, instead of each client's one write at a time.

@@ -25,8 +25,14 @@ pub(crate) fn spawn(
 /// A record being written: its job, the writes it still waits for, and the first error.
 struct Slot {
     job: WriteJob,
+    /// Writes of the record not yet completed, `head` included.
     remaining: u32,
     error: Option<DeviceError>,
+    /// The first unit of a record split over several writes (its header and the header's echo),
+    /// started only once every other piece has completed: until then nothing on the device
+    /// names the record, so a crash in between leaves a hole, never a record that begins and
+    /// does not check out (which recovery, after a process crash, must take for damage).
+    head: Option<Request>,
 }
 
 /// One write being built: consecutive records of one segment, or a piece of one record.
@@ -144,21 +150,27 @@ impl Flights {
                 }
                 _ => 0,
             };
+            let mut head = None;
             let pieces = if joined == 1 {
                 1
+            } else if len <= max {
+                out.push_back(Request { offset, parts: vec![(id, 0..len)], bytes: len });
+                1
             } else {
-                let mut at = 0;
-                let mut pieces = 0;
-                while at < len || pieces == 0 {
+                // Split: the pieces after the first unit now, the first unit when they are done.
+                let mut at = unit;
+                let mut pieces = 1;
+                while at < len {
                     let n = max.min(len - at);
                     out.push_back(Request { offset: offset + at as u64, parts: vec![(id, at..at + n)], bytes: n });
                     at += n;
                     pieces += 1;
                 }
+                head = Some(Request { offset, parts: vec![(id, 0..unit)], bytes: unit });
                 pieces
             };
             tail = Some((job.loc.segment, job.loc.unit + job.units()));
-            self.slots.insert(id, Slot { job, remaining: pieces, error: None });
+            self.slots.insert(id, Slot { job, remaining: pieces, error: None, head });
         }
     }
 
@@ -200,6 +212,18 @@ impl Flights {
             if slot.error.is_none() {
                 // Every record of a failed write fails with it.
                 slot.error = error.as_ref().map(same_error);
+            }
+            if slot.remaining == 1 {
+                if let Some(head) = slot.head.take() {
+                    if slot.error.is_none() {
+                        // Every other piece is on the device: the header may go now, first.
+                        self.queued.push_front(head);
+                        continue;
+                    }
+                    // A piece failed: the header is never written, and the record fails.
+                    slot.remaining = 0;
+                    self.bytes = self.bytes.saturating_sub(head.bytes as u64);
+                }
             }
             if slot.remaining > 0 {
                 continue;
