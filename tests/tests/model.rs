@@ -2,6 +2,10 @@
 //! clean reopen and crashes that keep, drop or tear unsynced writes, on a volume small enough
 //! that segments are reclaimed. proptest prints (and saves) the smallest failing sequence.
 //!
+//! Crashes come between operations and in the middle of one (a put, a batch, a delete, a
+//! rename, a cleaning): just before its n-th device write or sync. The image such a crash
+//! leaves must pass fsck, and each key the operation touched may read as before or after it.
+//!
 //! It runs on the memory device (where crashes are simulated), and on a volume file through the
 //! io_uring and the pread backends (where a crash is a reopen), each with and without a DRAM
 //! tier small enough to evict.
@@ -82,6 +86,18 @@ enum Op {
     /// must give no key an older version or bring back a deleted one, though any key may become
     /// a miss (a segment reclaimed ahead of an older one voids the keys written before it).
     LoseCheckpoint(CrashMode, u8),
+    /// A crash in the middle of an operation (a write, a delete, a rename or a cleaning): just
+    /// before the device's `at`-th write or sync after it began (at its end if it made fewer),
+    /// losing the checkpoint slots `slots` names as [`Op::LoseCheckpoint`] does (0: none). The
+    /// image must pass fsck; each key the operation touched may read as before it or as after
+    /// it, any other as a crash between operations allows. On a volume file the operation runs
+    /// whole.
+    CrashDuring {
+        op: Box<Op>,
+        at: u16,
+        mode: CrashMode,
+        slots: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -101,7 +117,18 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         1 => crash_mode().prop_map(Op::Crash),
         1 => (crash_mode(), 1..4u8).prop_map(|(mode, slots)| Op::LoseCheckpoint(mode, slots)),
+        1 => crash_during(op_racing(small_value())),
     ]
+}
+
+/// [`Op::CrashDuring`] of one of `ops` or of a cleaning, at a write or sync early in it or
+/// anywhere.
+fn crash_during(ops: impl Strategy<Value = Op>) -> impl Strategy<Value = Op> {
+    let batch = (proptest::collection::vec(0..KEYS, 1..5), small_value())
+        .prop_map(|(keys, value)| Op::PutBatch { keys, value });
+    let op = prop_oneof![3 => ops, 1 => batch, 2 => Just(Op::Clean)];
+    (op, prop_oneof![0..8u16, 0..160u16], crash_mode(), prop_oneof![2 => Just(0u8), 1 => 1..4u8])
+        .prop_map(|(op, at, mode, slots)| Op::CrashDuring { op: Box::new(op), at, mode, slots })
 }
 
 fn crash_mode() -> impl Strategy<Value = CrashMode> {
@@ -156,6 +183,7 @@ fn op_filling() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         1 => crash_mode().prop_map(Op::Crash),
         1 => (crash_mode(), 1..4u8).prop_map(|(mode, slots)| Op::LoseCheckpoint(mode, slots)),
+        1 => crash_during(op_racing(large_value())),
     ]
 }
 
@@ -252,7 +280,7 @@ fn model_keys(ids: impl Iterator<Item = KeyId>) -> Vec<u8> {
 }
 
 /// What the store may hold for each key.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Model {
     /// The value every read must see now.
     current: BTreeMap<u8, Option<Value>>,
@@ -288,12 +316,18 @@ struct Model {
     /// Values some key holds through a link: put while another key held the same bytes, or
     /// renamed.
     linked: BTreeSet<Value>,
+    /// Per key, what an operation a crash interrupted may have left it with (its new value, or
+    /// nothing where it deleted, renamed away or dropped the key), besides what it held before.
+    in_flight: BTreeMap<u8, BTreeSet<Option<Value>>>,
+    /// Per key, how many times reclaim dropped it.
+    drops: BTreeMap<u8, u32>,
 }
 
 impl Model {
     /// Reclaim dropped `key`: gone for good, whatever a crash does later (reclaim makes the drop
     /// durable before it returns).
     fn dropped(&mut self, key: u8) {
+        *self.drops.entry(key).or_default() += 1;
         if let Some(v) = self.current.get(&key).copied().flatten() {
             self.evicted.entry(key).or_default().insert(v);
         }
@@ -347,6 +381,42 @@ impl Model {
         self.synced();
     }
 
+    /// The model as of just before an operation (`self`) that a crash interrupted, `after`
+    /// being the model once it ran whole: each key it touched may read as either. What it
+    /// dropped stays possible for later crashes and lost checkpoints.
+    fn interrupted(mut self, after: &Model) -> Model {
+        for key in 0..KEYS {
+            let mut left: BTreeSet<Option<Value>> = BTreeSet::new();
+            let now = after.current.get(&key).copied().flatten();
+            if now != self.current.get(&key).copied().flatten() {
+                left.insert(now);
+            }
+            let before = self.since_sync.get(&key).map_or(0, Vec::len);
+            left.extend(after.since_sync.get(&key).into_iter().flat_map(|w| w.iter().skip(before)).copied());
+            let planner_dropped = after.planner_dropped.contains(&key) && !self.planner_dropped.contains(&key);
+            let reclaimed = after.drops.get(&key) != self.drops.get(&key);
+            if after.maybe_dropped.contains(&key) || planner_dropped || reclaimed {
+                left.insert(None);
+            }
+            if !left.is_empty() {
+                self.in_flight.insert(key, left);
+            }
+        }
+        for (mine, theirs) in [
+            (&mut self.evicted, &after.evicted),
+            (&mut self.evicted_unsynced, &after.evicted_unsynced),
+            (&mut self.resurrect, &after.resurrect),
+            (&mut self.resurrect_unsynced, &after.resurrect_unsynced),
+        ] {
+            for (key, values) in theirs {
+                mine.entry(*key).or_default().extend(values);
+            }
+        }
+        self.linked.extend(&after.linked);
+        self.drops.clone_from(&after.drops);
+        self
+    }
+
     fn synced(&mut self) {
         self.durable = self.current.clone();
         self.since_sync.clear();
@@ -365,6 +435,8 @@ impl Model {
         if self.maybe_dropped.remove(&key) || self.voided {
             allowed.insert(None);
         }
+        let left = self.in_flight.remove(&key).unwrap_or_default();
+        allowed.extend(left.iter().copied());
         let planned = self.planner_dropped.remove(&key);
         if planned {
             allowed.insert(None);
@@ -405,7 +477,7 @@ impl Model {
                 got.map(|b| (b.len(), b.get(..8).map(<[u8]>::to_vec)))
             )));
         };
-        if value.is_none() && now.is_some() && !after_crash && !planned {
+        if value.is_none() && now.is_some() && !after_crash && !planned && !left.contains(&None) {
             // Dropped by reclaim during the operation that wrote it: gone for good.
             self.dropped(key);
         }
@@ -587,16 +659,8 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
             Op::LoseCheckpoint(mode, slots) => {
                 let (mode, all) = match volume {
                     Volume::Memory(dev) => {
-                        use kvhoard_engine::device::BlockDevice;
-                        let sb = store.superblock().clone();
                         let crashed = dev.crash(mode);
-                        let zeros = kvhoard_engine::AlignedBuf::zeroed(sb.checkpoint_slot_bytes as usize);
-                        for slot in (0..2u64).filter(|s| slots & (1 << s) != 0) {
-                            crashed
-                                .write_at(&zeros, sb.checkpoint_offset + slot * sb.checkpoint_slot_bytes)
-                                .and_then(|()| crashed.sync())
-                                .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                        }
+                        lose_checkpoints(&crashed, &store, slots)?;
                         drop(store);
                         volume = Volume::Memory(Arc::new(crashed));
                         (mode, slots == 3)
@@ -632,6 +696,41 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                     let got = read(&store, key)?;
                     model.observe(key, got, false)?;
                 }
+            }
+            Op::CrashDuring { op, at, mode, slots } => {
+                let Volume::Memory(dev) = &volume else {
+                    // A volume file's crash is a reopen: nothing can stop in the middle.
+                    run_whole(*op, &store, &mut model, &recording)?;
+                    continue;
+                };
+                let before = model.clone();
+                dev.mark_after(u64::from(at));
+                run_whole(*op, &store, &mut model, &recording)?;
+                let crashed = dev.crash_at_mark(mode);
+                lose_checkpoints(&crashed, &store, slots)?;
+                drop(store);
+                let report = kvhoard_engine::check::check_device(
+                    &crashed,
+                    kvhoard_engine::check::ScanOptions { deep: true, summaries_only: false },
+                )
+                .map_err(|e| TestCaseError::fail(format!("fsck of the crashed image: {e}")))?;
+                let errors: Vec<_> = report
+                    .problems
+                    .iter()
+                    .filter(|p| p.severity >= kvhoard_engine::check::Severity::Error)
+                    .map(|p| format!("{}: {}", p.kind, p.detail))
+                    .collect();
+                prop_assert!(errors.is_empty(), "fsck of the image a crash left found {:?}", errors);
+                model = before.interrupted(&model);
+                volume = Volume::Memory(Arc::new(crashed));
+                store = volume.open(&opts).map_err(fail)?;
+                if trace {
+                    eprintln!("OPENED {:?} {:?}", store.recovery_report(), store.superblock().freed_ahead);
+                }
+                if slots == 3 {
+                    prop_assert_eq!(store.recovery_report().checkpoint_seq, None);
+                }
+                read_after_crash(&store, &mut model, mode, slots != 0)?;
             }
             Op::Reopen => unreachable!("reopened above"),
             Op::Crash(mode) => {
@@ -671,6 +770,30 @@ fn read_after_crash(store: &Store, model: &mut Model, mode: CrashMode, lost: boo
     model.recovered(mode);
     prop_assert_eq!(store.stats().read_errors, 0);
     Ok(())
+}
+
+/// Zeroes the checkpoint slots `slots` names (1: slot 0, 2: slot 1, 3: both) on `crashed`, a
+/// crashed image of `store`'s device.
+fn lose_checkpoints(crashed: &MemDevice, store: &Store, slots: u8) -> Result<(), TestCaseError> {
+    use kvhoard_engine::device::BlockDevice;
+    let sb = store.superblock();
+    let zeros = kvhoard_engine::AlignedBuf::zeroed(sb.checkpoint_slot_bytes as usize);
+    for slot in (0..2u64).filter(|s| slots & (1 << s) != 0) {
+        crashed
+            .write_at(&zeros, sb.checkpoint_offset + slot * sb.checkpoint_slot_bytes)
+            .and_then(|()| crashed.sync())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Runs a write, a read or a cleaning whole, and settles the model after it.
+fn run_whole(op: Op, store: &Store, model: &mut Model, recording: &Recording) -> Result<(), TestCaseError> {
+    match op {
+        Op::Clean => clean(store, model, recording, Vec::new()),
+        op => apply(op, store, model, recording),
+    }?;
+    settle(model, recording)
 }
 
 /// After an operation: the keys the planner had the store remove during it, after its writes;
@@ -1004,5 +1127,22 @@ fn a_lost_checkpoint_may_undo_an_eviction() {
         ],
         Setup { segments: 7, checkpoint_every_segments: 1, ..Setup::new(Backend::Memory, 0) },
     )
+    .unwrap();
+}
+
+/// A process crash while a record split over several writes was half written (its first piece,
+/// with the header, on the device, the rest not): recovery took the record for damage and made
+/// the key a miss, losing the value an earlier put had acknowledged. The header now goes last.
+#[test]
+fn a_process_crash_inside_a_split_record_keeps_the_value_before_it() {
+    run(vec![
+        Op::Put { key: 7, value: (0, 0), synced: false },
+        Op::CrashDuring {
+            op: Box::new(Op::Put { key: 7, value: (0, 12353), synced: false }),
+            at: 1,
+            mode: CrashMode::KeepAll,
+            slots: 0,
+        },
+    ])
     .unwrap();
 }

@@ -23,12 +23,38 @@ pub enum CrashMode {
     Random(u64),
 }
 
-#[derive(Debug, Default)]
-struct State {
+#[derive(Debug, Default, Clone)]
+struct Media {
     written: Vec<u8>,
     durable: Vec<u8>,
     /// (offset, len) of writes since the last sync, in order.
     unsynced: Vec<(u64, u64)>,
+}
+
+/// A moment chosen for [`MemDevice::crash_at_mark`]: a crash in the middle of an operation.
+#[derive(Debug)]
+enum Mark {
+    /// The media are copied before the operation (write or sync) this many operations ahead.
+    Armed(u64),
+    /// The media as they were at that moment.
+    Taken(Box<Media>),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    media: Media,
+    mark: Option<Mark>,
+}
+
+impl State {
+    /// Counts a write or sync about to change the media, copying them first if it is the marked one.
+    fn count_operation(&mut self) {
+        match self.mark {
+            Some(Mark::Armed(0)) => self.mark = Some(Mark::Taken(Box::new(self.media.clone()))),
+            Some(Mark::Armed(ref mut n)) => *n -= 1,
+            _ => {}
+        }
+    }
 }
 
 /// An in-memory [`BlockDevice`] that can crash and fail on purpose.
@@ -54,7 +80,10 @@ impl MemDevice {
     pub fn from_image(image: Vec<u8>) -> MemDevice {
         let capacity = image.len() as u64;
         MemDevice {
-            state: Mutex::new(State { written: image.clone(), durable: image, ..State::default() }),
+            state: Mutex::new(State {
+                media: Media { written: image.clone(), durable: image, unsynced: Vec::new() },
+                mark: None,
+            }),
             faults: Faults::default(),
             capacity,
             boot: 1,
@@ -75,12 +104,32 @@ impl MemDevice {
     /// The image a crash right now would leave behind, as a new device.
     pub fn crash(&self, mode: CrashMode) -> MemDevice {
         let state = self.lock();
-        let mut image = state.durable.clone();
+        self.crashed(&state.media, mode)
+    }
+
+    /// Marks the moment just before the write or sync `n` operations ahead (0: the next one), for
+    /// [`MemDevice::crash_at_mark`]. The device goes on as before.
+    pub fn mark_after(&self, n: u64) {
+        self.lock().mark = Some(Mark::Armed(n));
+    }
+
+    /// The image a crash at the marked moment would have left behind (right now, if the device
+    /// has not reached it), as a new device; the mark is cleared.
+    pub fn crash_at_mark(&self, mode: CrashMode) -> MemDevice {
+        let mut state = self.lock();
+        match state.mark.take() {
+            Some(Mark::Taken(media)) => self.crashed(&media, mode),
+            _ => self.crashed(&state.media, mode),
+        }
+    }
+
+    fn crashed(&self, media: &Media, mode: CrashMode) -> MemDevice {
+        let mut image = media.durable.clone();
         let mut rng = match mode {
             CrashMode::Random(seed) => seed | 1,
             _ => 1,
         };
-        for &(offset, len) in &state.unsynced {
+        for &(offset, len) in &media.unsynced {
             let keep = match mode {
                 CrashMode::KeepAll => len,
                 CrashMode::DropAll => 0,
@@ -91,7 +140,7 @@ impl MemDevice {
                 },
             };
             let (start, end) = (offset as usize, (offset + keep) as usize);
-            if let (Some(dst), Some(src)) = (image.get_mut(start..end), state.written.get(start..end)) {
+            if let (Some(dst), Some(src)) = (image.get_mut(start..end), media.written.get(start..end)) {
                 dst.copy_from_slice(src);
             }
         }
@@ -102,7 +151,7 @@ impl MemDevice {
 
     /// The bytes reads currently see.
     pub fn image(&self) -> Vec<u8> {
-        self.lock().written.clone()
+        self.lock().media.written.clone()
     }
 }
 
@@ -131,7 +180,7 @@ impl BlockDevice for MemDevice {
         if self.faults.take(FaultKind::Read) {
             return Err(eio("read", offset, buf.len() as u64));
         }
-        let src = state.written.get(offset as usize..offset as usize + buf.len());
+        let src = state.media.written.get(offset as usize..offset as usize + buf.len());
         buf.copy_from_slice(src.ok_or_else(|| eio("read", offset, buf.len() as u64))?);
         Ok(())
     }
@@ -142,9 +191,10 @@ impl BlockDevice for MemDevice {
         if self.faults.take(FaultKind::Write) {
             return Err(eio("write", offset, buf.len() as u64));
         }
-        let dst = state.written.get_mut(offset as usize..offset as usize + buf.len());
+        state.count_operation();
+        let dst = state.media.written.get_mut(offset as usize..offset as usize + buf.len());
         dst.ok_or_else(|| eio("write", offset, buf.len() as u64))?.copy_from_slice(buf);
-        state.unsynced.push((offset, buf.len() as u64));
+        state.media.unsynced.push((offset, buf.len() as u64));
         Ok(())
     }
 
@@ -154,7 +204,8 @@ impl BlockDevice for MemDevice {
             // Like a failed fsync: what was unsynced stays unsynced and may be lost.
             return Err(eio("sync", 0, 0));
         }
-        let State { written, durable, unsynced, .. } = &mut *state;
+        state.count_operation();
+        let Media { written, durable, unsynced } = &mut state.media;
         for &(offset, len) in unsynced.iter() {
             let range = offset as usize..(offset + len) as usize;
             if let (Some(dst), Some(src)) = (durable.get_mut(range.clone()), written.get(range)) {
@@ -208,5 +259,25 @@ mod tests {
         dev.fail_nth(FaultKind::Sync, 1);
         assert!(dev.sync().is_err());
         dev.sync().unwrap();
+    }
+
+    #[test]
+    fn a_crash_at_the_mark_leaves_the_media_as_they_were_before_the_marked_operation() {
+        let dev = MemDevice::new(1 << 16);
+        let mut a = AlignedBuf::zeroed(4096);
+        dev.mark_after(2);
+        for fill in 1..=4u8 {
+            a.fill(fill);
+            dev.write_at(&a, u64::from(fill) * 4096).unwrap();
+        }
+        dev.sync().unwrap();
+        let kept = dev.crash_at_mark(CrashMode::KeepAll).image();
+        assert!(kept[4096..8192].iter().all(|&b| b == 1));
+        assert!(kept[8192..12288].iter().all(|&b| b == 2));
+        assert!(kept[12288..16384].iter().all(|&b| b == 0), "the marked write is not in the image");
+        assert!(dev.crash_at_mark(CrashMode::DropAll).image()[16384..20480].iter().all(|&b| b == 4), "no mark: now");
+        dev.mark_after(0);
+        dev.sync().unwrap();
+        assert!(dev.crash_at_mark(CrashMode::DropAll).image()[4096..8192].iter().all(|&b| b == 1));
     }
 }
