@@ -53,7 +53,7 @@ fn check(t: u32, k: u32, bytes: &[u8]) -> u64 {
 fn run(io_backend: IoBackend, dram_tier_bytes: u64) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     // A log writer with little room: the writers wait for it, and records are joined and split.
-    let writer = WriterConfig { in_flight_bytes: 512 << 10, request_bytes: 128 << 10 };
+    let writer = WriterConfig { in_flight_bytes: 512 << 10, request_bytes: 128 << 10, split_bytes: 128 << 10 };
     let opts = StoreOptions { io_backend, dram_tier_bytes, writer, ..StoreOptions::default() };
     let create = CreateOptions { capacity_bytes: Some(256 << 20), segment_size_bytes: 4 << 20 };
     let mut store = Store::create(dir.path(), &create, opts.clone()).unwrap();
@@ -204,7 +204,7 @@ fn threads_on_pread_with_a_dram_tier_agree_with_the_model() {
 fn many_small_buffered_puts_are_all_written_whatever_the_queue_holds() {
     for io_backend in [IoBackend::IoUring, IoBackend::Pread] {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 4096 };
+        let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 4096, split_bytes: 4096 };
         let opts = StoreOptions { io_backend, writer, ..StoreOptions::default() };
         let create = CreateOptions { capacity_bytes: Some(128 << 20), segment_size_bytes: 8 << 20 };
         let store = Store::create(dir.path(), &create, opts.clone()).unwrap();

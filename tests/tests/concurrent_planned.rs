@@ -155,7 +155,7 @@ fn planner() -> Arc<Planned> {
 
 fn run(io_backend: IoBackend, dram_tier_bytes: u64) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let writer = WriterConfig { in_flight_bytes: 1 << 20, request_bytes: 256 << 10 };
+    let writer = WriterConfig { in_flight_bytes: 1 << 20, request_bytes: 256 << 10, split_bytes: 256 << 10 };
     let planner = planner();
     let opts = StoreOptions {
         io_backend,
@@ -419,7 +419,7 @@ fn a_crash_of_a_full_planned_volume_under_concurrent_writers_keeps_every_rule() 
     let (mut cleaned, failed) = (0, AtomicU64::new(0));
     for iteration in 0..iterations {
         let planner = planner();
-        let writer = WriterConfig { in_flight_bytes: 1 << 20, request_bytes: 256 << 10 };
+        let writer = WriterConfig { in_flight_bytes: 1 << 20, request_bytes: 256 << 10, split_bytes: 256 << 10 };
         let opts = StoreOptions { writer, placement: planner.clone(), ..StoreOptions::default() };
         let dev = Arc::new(MemDevice::new(SEG * (SEGMENTS / 2 + 3)));
         let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };

@@ -172,7 +172,7 @@ fn crash_under_concurrent_writers(checkpoint_every_segments: u32) {
     let mut rng = Rng::new(seed());
     // A log writer with little room in flight and small writes: four writers keep it full, so
     // puts wait for room and records are joined into writes and split across them.
-    let writer = WriterConfig { in_flight_bytes: 256 << 10, request_bytes: 64 << 10 };
+    let writer = WriterConfig { in_flight_bytes: 256 << 10, request_bytes: 64 << 10, split_bytes: 64 << 10 };
     let opts = || StoreOptions { checkpoint_every_segments, writer, ..StoreOptions::default() };
     for iteration in 0..iterations {
         let dev = Arc::new(MemDevice::new(64 << 20));

@@ -113,7 +113,7 @@ fn eio_in_a_joined_write(backend: Backend) {
     std::fs::File::create(&path).unwrap().set_len(SEG * 8).unwrap();
     let dev = device(&path, backend);
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
-    let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 64 << 10 };
+    let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 64 << 10, split_bytes: 64 << 10 };
     let store = Store::create_on(dev.clone(), &create, StoreOptions { writer, ..StoreOptions::default() }).unwrap();
     let early = block(99, 100_000);
     store.put("default", "early", &early, &opts(Durability::Synced)).unwrap();
@@ -171,7 +171,7 @@ fn eio_in_a_piece_of_a_split_record(backend: Backend) {
     std::fs::File::create(&path).unwrap().set_len(SEG * 8).unwrap();
     let dev = device(&path, backend);
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
-    let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 64 << 10 };
+    let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 64 << 10, split_bytes: 64 << 10 };
     let store = Store::create_on(dev.clone(), &create, StoreOptions { writer, ..StoreOptions::default() }).unwrap();
     let first = block(1, 100_000);
     store.put("default", "k", &first, &opts(Durability::Synced)).unwrap();

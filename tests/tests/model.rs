@@ -578,6 +578,9 @@ struct Setup {
     recompress: bool,
     /// The placement planner, with room for this many bytes, instead of the baseline.
     planner_budget: Option<u64>,
+    /// Records longer than 16 KiB are split over several writes (their header written last)
+    /// instead of written whole, as by default.
+    split: bool,
 }
 
 impl Setup {
@@ -590,13 +593,14 @@ impl Setup {
             lru: false,
             recompress: false,
             planner_budget: None,
+            split: true,
         }
     }
 }
 
 /// Runs `ops` against the store and the model; the store's statistics at the end.
 fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseError> {
-    let Setup { backend, dram_tier_bytes, segments, checkpoint_every_segments, lru, recompress, planner_budget } =
+    let Setup { backend, dram_tier_bytes, segments, checkpoint_every_segments, lru, recompress, planner_budget, split } =
         setup;
     let create = CreateOptions { capacity_bytes: Some(SEGMENT * segments), segment_size_bytes: SEGMENT };
     // The planner's clock: a second per operation, so that a case repeats exactly.
@@ -613,8 +617,12 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
         dram_tier_bytes,
         placement: recording.clone(),
         // Little room in flight and small writes: puts wait for room, records are joined into
-        // writes and large ones split.
-        writer: WriterConfig { in_flight_bytes: 96 << 10, request_bytes: 16 << 10 },
+        // writes and large ones split (unless the case writes them whole).
+        writer: WriterConfig {
+            in_flight_bytes: 96 << 10,
+            request_bytes: 16 << 10,
+            split_bytes: if split { 16 << 10 } else { WriterConfig::default().split_bytes },
+        },
         ..StoreOptions::default()
     };
     let (mut volume, mut store) = match backend {
@@ -944,8 +952,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn store_matches_the_model(ops in proptest::collection::vec(op(), 1..60)) {
-        run(ops)?;
+    fn store_matches_the_model(ops in proptest::collection::vec(op(), 1..60), split in any::<bool>()) {
+        run_on(ops, Setup { split, ..Setup::new(Backend::Memory, 0) })?;
     }
 
     /// On a volume of 7 segments filled by large values, with many pins: segments are reclaimed
@@ -1138,7 +1146,7 @@ fn a_process_crash_inside_a_split_record_keeps_the_value_before_it() {
     run(vec![
         Op::Put { key: 7, value: (0, 0), synced: false },
         Op::CrashDuring {
-            op: Box::new(Op::Put { key: 7, value: (0, 12353), synced: false }),
+            op: Box::new(Op::Put { key: 7, value: (0, 30000), synced: false }),
             at: 1,
             mode: CrashMode::KeepAll,
             slots: 0,

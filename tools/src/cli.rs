@@ -37,8 +37,9 @@ pub struct Cli {
     #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)", value_parser = crate::flags::parse_write_in_flight, value_name = "SIZE")]
     pub write_in_flight: Option<u64>,
 
-    /// The largest single write the log writer makes: records that follow one another are
-    /// joined up to this size, and larger records split into writes of it [default: 2MiB].
+    /// The largest write of joined records the log writer makes: records that follow one
+    /// another are joined up to this size; a larger record is a write of its own [default:
+    /// 2MiB].
     #[arg(long, global = true, help_heading = "Volume I/O (commands that open a volume)", value_parser = crate::flags::parse_write_size, value_name = "SIZE")]
     pub write_size: Option<u64>,
 

@@ -24,6 +24,7 @@ fn main() -> ExitCode {
     let writer = kvhoard_engine::WriterConfig {
         in_flight_bytes: cli.write_in_flight.unwrap_or(defaults.in_flight_bytes),
         request_bytes: cli.write_size.map_or(defaults.request_bytes, |b| b as usize),
+        ..defaults
     };
     let base = kvhoard_engine::StoreOptions::default();
     let opts = kvhoard_engine::StoreOptions {

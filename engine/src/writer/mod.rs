@@ -3,7 +3,8 @@
 //! Puts and the cleaner reserve records in log order (which fixes where each one goes), hand
 //! them to the writer through the [`Handoff`], and wait for the written watermark (or, for a
 //! buffered put, do not wait). The writer joins records that follow one another on the device
-//! into one write of up to [`WriterConfig::request_bytes`], keeps up to
+//! into one write of up to [`WriterConfig::request_bytes`], writes a larger record whole (split
+//! only past [`WriterConfig::split_bytes`]), keeps up to
 //! [`WriterConfig::in_flight_bytes`] in flight through the device's write queue, and marks each
 //! record written as its write completes, in whatever order the device finishes them: the log's
 //! watermark only moves over a prefix with nothing in flight, so an acknowledged record never
@@ -36,9 +37,15 @@ pub struct WriterConfig {
     /// this full. As many again may wait to be taken before a put waits to hand its records
     /// over, so up to twice this (and one larger record) is held for writing at once.
     pub in_flight_bytes: u64,
-    /// The largest single write: consecutive records are joined up to this size, and a larger
-    /// record is split into writes of this size, all in flight at once.
+    /// The largest write of records joined: records that follow one another on the device are
+    /// joined into writes of up to this size. A larger record is a write of its own.
     pub request_bytes: usize,
+    /// A record longer than this (and its header unit) is split into writes of this size, all
+    /// in flight at once, and its first unit written once they completed. The default is the
+    /// largest write the kernel takes: a large direct write is split into the device's requests
+    /// by the kernel, in flight at once, so splitting it here gains nothing, and waiting for the
+    /// pieces before the first unit costs a put's latency (docs/benchmarks.md).
+    pub split_bytes: usize,
 }
 
 impl WriterConfig {
@@ -50,7 +57,7 @@ impl Default for WriterConfig {
     /// Sized for NVMe: 32 writes of 2 MiB in flight, what fio needs to reach such a disk's
     /// sequential write speed (docs/benchmarks.md).
     fn default() -> Self {
-        WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 2 << 20 }
+        WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 2 << 20, split_bytes: Self::MAX_REQUEST_BYTES }
     }
 }
 

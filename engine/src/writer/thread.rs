@@ -41,6 +41,10 @@ struct Request {
     /// (record id, byte range of its buffer).
     parts: Vec<(u64, std::ops::Range<usize>)>,
     bytes: usize,
+    /// The first unit of a split record ([`Slot::head`]): not counted in the bytes in flight, so
+    /// that a unit waiting behind the next records' writes does not keep a record of the size
+    /// left free by its pieces from starting.
+    head: bool,
 }
 
 /// What the writer keeps between rounds.
@@ -48,9 +52,10 @@ struct Flights {
     slots: HashMap<u64, Slot>,
     /// Writes cut from the records taken, not yet started (the queue was full).
     queued: VecDeque<Request>,
-    /// Each write in flight: the records it carries and its size.
+    /// Each write in flight: the records it carries and the bytes it counts in `bytes`.
     writes: HashMap<u64, (Vec<u64>, usize)>,
-    /// Bytes of the records taken and not yet written: queued or in flight.
+    /// Bytes of the records taken and not yet written, queued or in flight (split records' first
+    /// units aside: [`Request::head`]).
     bytes: u64,
     next_record: u64,
     next_write: u64,
@@ -132,11 +137,11 @@ impl Flights {
         // Pieces of a split record must stay unit-aligned for O_DIRECT, and a write's length
         // must fit the kernel's (a u32, and at most about 2 GiB at once).
         let unit = kvhoard_format::UNIT_BYTES as usize;
-        let max = (config.request_bytes.min(WriterConfig::MAX_REQUEST_BYTES) / unit).max(1) * unit;
+        let aligned = |bytes: usize| (bytes.min(WriterConfig::MAX_REQUEST_BYTES) / unit).max(1) * unit;
+        let (max, split) = (aligned(config.request_bytes), aligned(config.split_bytes));
         let out = &mut self.queued;
         let mut tail: Option<(u32, u32)> = None; // (segment, unit) right after the last request
         for job in jobs {
-            self.bytes += job.buf.len() as u64;
             let id = self.next_record;
             self.next_record += 1;
             let len = job.buf.len();
@@ -151,24 +156,32 @@ impl Flights {
                 _ => 0,
             };
             let mut head = None;
+            // A record of `split_bytes` of payload is one write with its header unit, not a
+            // full write and a lone unit after it.
             let pieces = if joined == 1 {
                 1
-            } else if len <= max {
-                out.push_back(Request { offset, parts: vec![(id, 0..len)], bytes: len });
+            } else if len <= split + unit {
+                out.push_back(Request { offset, parts: vec![(id, 0..len)], bytes: len, head: false });
                 1
             } else {
                 // Split: the pieces after the first unit now, the first unit when they are done.
                 let mut at = unit;
                 let mut pieces = 1;
                 while at < len {
-                    let n = max.min(len - at);
-                    out.push_back(Request { offset: offset + at as u64, parts: vec![(id, at..at + n)], bytes: n });
+                    let n = split.min(len - at);
+                    out.push_back(Request {
+                        offset: offset + at as u64,
+                        parts: vec![(id, at..at + n)],
+                        bytes: n,
+                        head: false,
+                    });
                     at += n;
                     pieces += 1;
                 }
-                head = Some(Request { offset, parts: vec![(id, 0..unit)], bytes: unit });
+                head = Some(Request { offset, parts: vec![(id, 0..unit)], bytes: unit, head: true });
                 pieces
             };
+            self.bytes += (len - head.as_ref().map_or(0, |h| h.bytes)) as u64;
             tail = Some((job.loc.segment, job.loc.unit + job.units()));
             self.slots.insert(id, Slot { job, remaining: pieces, error: None, head });
         }
@@ -184,7 +197,7 @@ impl Flights {
             .iter()
             .map(|(id, range)| self.slots.get(id).and_then(|s| s.job.buf.get(range.clone())))
             .collect();
-        self.writes.insert(token, (ids, request.bytes));
+        self.writes.insert(token, (ids, if request.head { 0 } else { request.bytes }));
         let Some(parts) = parts else {
             // Cannot happen (every part was cut from a slot's buffer); a write missing a part
             // would put the rest at the wrong offsets, so it fails instead.
@@ -222,7 +235,6 @@ impl Flights {
                     }
                     // A piece failed: the header is never written, and the record fails.
                     slot.remaining = 0;
-                    self.bytes = self.bytes.saturating_sub(head.bytes as u64);
                 }
             }
             if slot.remaining > 0 {
