@@ -33,6 +33,12 @@ pub fn crash_block_len(id: u64) -> usize {
     4096 + (id.wrapping_mul(7919) % 40) as usize * 4001
 }
 
+/// The block the crash test's writer process writes to a hot key after block `id`: longer than
+/// the log writer's joined writes (2 MiB), so that it is a write of its own.
+pub fn hot_block(id: u64) -> Vec<u8> {
+    block(1_000_000 + id, (2 << 20) + 100_000)
+}
+
 /// Reports that the calling test cannot run here (it needs `capability`: `fuse`, `loop`,
 /// `python`, ...) and returns, so the caller can return too. A skipped test is not a passed
 /// one: the skip is written to stderr and appended to the file `KVHOARD_SKIP_LOG` names, which

@@ -1,11 +1,13 @@
 //! Crash tests: a real process killed with SIGKILL at a random moment, and the in-memory device
 //! crashed while several threads write. Every acknowledged synced write must survive, byte for
-//! byte; anything else may be there or not, but never damaged; new writes must succeed.
+//! byte, and after a kill every acknowledged written one too (a key written again holds its
+//! last acknowledged value or the one under way); anything else may be there or not, but never
+//! damaged; new writes must succeed.
 //!
 //! KVHOARD_CRASH_ITERATIONS sets the number of kills (default 50); KVHOARD_CRASH_SEED replays a
 //! run (the seed is printed).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -16,7 +18,7 @@ use std::time::Duration;
 use kvhoard_engine::check::{check_device, ScanOptions, Severity};
 use kvhoard_engine::device::{CrashMode, MemDevice};
 use kvhoard_engine::{CreateOptions, Durability, PutOptions, ReadOptions, Store, StoreOptions, WriterConfig};
-use kvhoard_tests::{block, crash_block_len, Rng};
+use kvhoard_tests::{block, crash_block_len, hot_block, Rng};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -38,12 +40,16 @@ struct Acked {
     deleted: BTreeSet<u64>,
     /// Written or deleted without an acknowledgement: either state is fine, if intact.
     uncertain: BTreeSet<u64>,
+    /// Per hot key, the block id of its last acknowledged write, and of one that may have been
+    /// under way when the writer was killed.
+    hot: BTreeMap<u64, (u64, Option<u64>)>,
     next_id: u64,
 }
 
 impl Acked {
     fn absorb(&mut self, lines: &[String]) {
         let mut last_put = None;
+        let mut last_hot = None;
         for line in lines {
             match line.split_once(' ') {
                 Some(("put", id)) => {
@@ -52,6 +58,12 @@ impl Acked {
                     self.deleted.remove(&id);
                     self.uncertain.remove(&id);
                     last_put = Some(id);
+                }
+                Some(("hot", rest)) => {
+                    let (hot, id) = rest.split_once(' ').unwrap();
+                    let id: u64 = id.parse().unwrap();
+                    self.hot.insert(hot.parse().unwrap(), (id, None));
+                    last_hot = Some(id);
                 }
                 Some(("del", id)) => {
                     let id: u64 = id.parse().unwrap();
@@ -63,6 +75,11 @@ impl Acked {
             }
         }
         let last = last_put.unwrap_or(self.next_id.saturating_sub(1));
+        // The last block's hot write may have been under way.
+        if last % 8 == 5 && last_hot != Some(last) && last_put.is_some() {
+            let entry = self.hot.entry(last / 8 % 4).or_insert((u64::MAX, None));
+            entry.1 = Some(last);
+        }
         // The writer may have been writing the next block, or deleting the last one.
         self.uncertain.insert(last + 1);
         if let Some(&l) = self.present.get(&last) {
@@ -75,7 +92,7 @@ impl Acked {
         self.next_id = last + 2;
     }
 
-    fn check(&self, store: &Store) {
+    fn check(&mut self, store: &Store) {
         let get = |id: u64| {
             store.get("default", &format!("k{id}"), ReadOptions { verify_hash: true }).unwrap().map(|b| b.to_vec())
         };
@@ -90,6 +107,21 @@ impl Acked {
             if let Some(got) = get(id) {
                 assert!(got == block(id, crash_block_len(id)), "unacknowledged block k{id} came back damaged");
             }
+        }
+        for (&hot, state) in &mut self.hot {
+            let (acked, maybe) = *state;
+            let got = store
+                .get("default", &format!("hot{hot}"), ReadOptions { verify_hash: true })
+                .unwrap()
+                .map(|b| b.to_vec());
+            let Some(got) = got else {
+                assert!(acked == u64::MAX, "hot{hot}: its acknowledged value (block {acked}) was lost");
+                continue;
+            };
+            // What is read is what the key holds from now on.
+            let found = [acked].into_iter().chain(maybe).find(|&id| id != u64::MAX && got == hot_block(id));
+            let found = found.unwrap_or_else(|| panic!("hot{hot}: neither its acknowledged value nor the next"));
+            *state = (found, None);
         }
         assert_eq!(store.stats().read_errors, 0);
     }
@@ -151,7 +183,9 @@ fn acknowledged_synced_writes_survive_sigkill() {
         assert!(store.stats().evicted_keys == 0, "the volume filled up; the test needs a larger one");
         store.close().unwrap();
     }
-    println!("{iterations} kills, {total_acks} acknowledgements checked");
+    let hot = acked.hot.values().filter(|(id, _)| *id != u64::MAX).count();
+    println!("{iterations} kills, {total_acks} acknowledgements checked, {hot} hot keys written again");
+    assert!(hot > 0, "the writer never wrote a hot key");
     assert!(total_acks > 0, "the writer never acknowledged anything");
 }
 

@@ -3,13 +3,16 @@
 //!
 //! Usage: crash-writer VOLUME FIRST_ID [hold]
 //!   Prints `put ID` after block ID is durable, `del ID` after a deletion of block ID is durable.
+//!   After every eighth block (ID % 8 == 5) it also writes one of four keys again, `hot{J}`
+//!   with J = ID / 8 % 4, with a block larger than the log writer's joined writes and `written`
+//!   durability (which a process crash must not lose), and prints `hot J ID` once written.
 //!   With `hold`, opens the volume, prints `open`, and sleeps (to test the volume lock).
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use kvhoard_engine::{Durability, PutOptions, Store, StoreOptions};
-use kvhoard_tests::{block, crash_block_len};
+use kvhoard_tests::{block, crash_block_len, hot_block};
 
 fn main() {
     if let Err(e) = run() {
@@ -35,6 +38,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         store.put("default", &format!("k{id}"), &block(id, crash_block_len(id)), &opts)?;
         writeln!(out, "put {id}")?;
         out.flush()?;
+        if id % 8 == 5 {
+            let hot = id / 8 % 4;
+            let written = PutOptions { durability: Durability::Written, ..PutOptions::default() };
+            store.put("default", &format!("hot{hot}"), &hot_block(id), &written)?;
+            writeln!(out, "hot {hot} {id}")?;
+            out.flush()?;
+        }
         if id % 7 == 3 && id > first {
             let victim = id - 1;
             store.delete("default", &format!("k{victim}"), Durability::Synced)?;
