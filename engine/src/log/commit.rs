@@ -25,6 +25,11 @@ struct SyncState {
 }
 
 impl GroupCommit {
+    /// The position through which the log is known durable.
+    pub(crate) fn synced(&self) -> Pos {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).synced
+    }
+
     /// Returns once everything up to `target` is durable.
     pub(crate) fn sync_to(&self, target: Pos, log: &Log) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());

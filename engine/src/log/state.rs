@@ -78,6 +78,11 @@ pub(crate) struct LogState {
     quiet_wanted: u32,
     /// The newest segment use reclaimed ahead of an older one, as both superblock copies hold it.
     pub(crate) freed_ahead: FreedAhead,
+    /// Per segment, the end of the newest record that superseded one of its records (a newer
+    /// record of the same key elsewhere). Its header is erased only once that end is durable
+    /// ([`Log::superseded_unsynced`]): were the erasure durable and the newer record not, a
+    /// crash would leave the key neither version, though the older one was durable.
+    superseded: Vec<Pos>,
 }
 
 impl LogState {
@@ -95,6 +100,7 @@ impl LogState {
         next_checkpoint_seq: u64,
         freed_ahead: FreedAhead,
     ) -> LogState {
+        let segment_count = segments.len();
         LogState {
             segments,
             open,
@@ -109,6 +115,15 @@ impl LogState {
             closed: false,
             quiet_wanted: 0,
             freed_ahead,
+            // Recovery synced what it found (`recovery::recover`).
+            superseded: vec![Pos::default(); segment_count],
+        }
+    }
+
+    /// A record ending at `end` superseded one in `segment`.
+    pub(crate) fn note_superseded(&mut self, segment: u32, end: Pos) {
+        if let Some(s) = self.superseded.get_mut(segment as usize) {
+            *s = (*s).max(end);
         }
     }
 
@@ -215,6 +230,20 @@ impl Log {
     /// writer waiting at the same time.
     pub(crate) fn sync_to(&self, target: Pos) -> Result<()> {
         self.commit.sync_to(target, self)
+    }
+
+    /// The end of the newest record that superseded one in `segment`, if it is not durable yet:
+    /// the segment's header must not be erased before it is ([`Log::make_durable`]).
+    pub(crate) fn superseded_unsynced(&self, state: &LogState, segment: u32) -> Option<Pos> {
+        let end = state.superseded.get(segment as usize).copied().unwrap_or_default();
+        (end > self.commit.synced()).then_some(end)
+    }
+
+    /// Waits until every record before `end` is written, and syncs. Called without the log
+    /// lock, holding no record of the caller's own reserved and not yet handed to the writer.
+    pub(crate) fn make_durable(&self, end: Pos) -> Result<()> {
+        self.wait_written(end)?;
+        self.sync_to(end)
     }
 
     /// fdatasync calls so far.
@@ -339,6 +368,9 @@ impl Log {
         self.or_poison(state, written)?;
         state.seq_durable = true;
         state.next_seq += 1;
+        if let Some(s) = state.superseded.get_mut(index as usize) {
+            *s = Pos::default();
+        }
         if let Some(s) = state.segments.get_mut(index as usize) {
             *s = SegInfo { state: SegState::Open, seq, created_unix_ms: now };
         }

@@ -196,7 +196,7 @@ pub(crate) fn clean_planned_then(
     if let Some(end) = handed.wait()? {
         parts.log.sync_to(end)?;
     }
-    let (mut state, moved_shared) = lock_to_free(parts, victim, &moved);
+    let (mut state, moved_shared) = lock_to_free(parts, victim, &moved)?;
     state.cleaning = None;
     // A write failed, or the store closed, while this cleaning ran: the log takes no checkpoint
     // and frees nothing more (records may still be on their way to the device).

@@ -22,7 +22,10 @@ use crate::log::{Loc, LogState, Pos, SegState};
 use crate::parts::Parts;
 use crate::placement::{Fifo, SegmentView};
 
-/// Empties one sealed segment and returns its index, ready for a new use.
+/// Empties `victim`, a sealed segment [`victim`] chose, and returns it, ready for a new use.
+/// Whoever chose it made the records that superseded its records durable first
+/// ([`crate::log::Log::superseded_unsynced`]): the erasure of its header must not outlive them
+/// in a crash.
 ///
 /// The victim leaves the index before its header is zeroed, and its header is zeroed and synced
 /// before reclaim returns (before anything is written into it), so what it held can never come
@@ -32,16 +35,20 @@ use crate::placement::{Fifo, SegmentView};
 /// brings that older version back; and the superblock records the victim before its header
 /// goes, so that an open without that checkpoint voids such keys rather than trust the log
 /// alone (`free_victim`).
-pub(crate) fn reclaim(parts: &Parts, state: &mut LogState) -> Result<u32> {
-    let sealed = sealed_views(parts, state);
-    if sealed.is_empty() {
-        return Err(StoreError::invalid("volume", "no sealed segment to reclaim"));
-    }
-    let victim = choose_victim(parts, &sealed);
+pub(crate) fn reclaim(parts: &Parts, state: &mut LogState, victim: u32) -> Result<u32> {
     // Whether the victim is the oldest is asked of every sealed segment, the one a cleaner is
     // emptying too: until the cleaner frees it, replay would still read it.
     free_victim(parts, state, &every_sealed_view(parts, state), victim, false)?;
     Ok(victim)
+}
+
+/// The segment [`reclaim`] would free now.
+pub(crate) fn victim(parts: &Parts, state: &LogState) -> Result<u32> {
+    let sealed = sealed_views(parts, state);
+    if sealed.is_empty() {
+        return Err(StoreError::invalid("volume", "no sealed segment to reclaim"));
+    }
+    Ok(choose_victim(parts, &sealed))
 }
 
 /// Every sealed segment as placement sees it (the one a cleaner is emptying left out, unless it
@@ -85,6 +92,10 @@ pub(crate) fn free_victim(
     victim: u32,
     checkpoint: bool,
 ) -> Result<()> {
+    debug_assert!(
+        parts.log.superseded_unsynced(state, victim).is_none(),
+        "segment {victim} freed before the records that superseded its records are durable"
+    );
     let checkpoint_first = checkpoint || needs_checkpoint(parts, sealed, victim);
     let victim_seq = state.segments.get(victim as usize).map_or(0, |s| s.seq);
     // Recorded in the superblock unless it is the oldest use: replay from the log alone would
@@ -174,24 +185,31 @@ fn shared(parts: &Parts, state: &LogState, moved: &Moved) -> bool {
 /// Takes the log lock to free `victim`, a segment a cleaner emptied (its mark still set) after
 /// writing again what `moved` says, and says whether those blocks are [`shared`]. When freeing
 /// it writes a checkpoint, the lock is taken once no other writer's record is in flight
-/// ([`crate::log::Log::lock_quiet`]): a checkpoint describes a written prefix of the log.
+/// ([`crate::log::Log::lock_quiet`]): a checkpoint describes a written prefix of the log. Records
+/// that superseded the victim's are made durable first, without the lock.
 pub(crate) fn lock_to_free<'a>(
     parts: &'a Parts,
     victim: u32,
     moved: &Moved,
-) -> (std::sync::MutexGuard<'a, LogState>, bool) {
-    let state = parts.log.lock();
-    let moved_shared = shared(parts, &state, moved);
-    if state.nothing_in_flight()
-        || !(moved_shared || needs_checkpoint(parts, &every_sealed_view(parts, &state), victim))
-    {
-        return (state, moved_shared);
+) -> Result<(std::sync::MutexGuard<'a, LogState>, bool)> {
+    loop {
+        let mut state = parts.log.lock();
+        let moved_shared = shared(parts, &state, moved);
+        if !state.nothing_in_flight()
+            && (moved_shared || needs_checkpoint(parts, &every_sealed_view(parts, &state), victim))
+        {
+            drop(state);
+            state = parts.log.lock_quiet();
+        }
+        if let Some(end) = parts.log.superseded_unsynced(&state, victim) {
+            drop(state);
+            parts.log.make_durable(end)?;
+            continue;
+        }
+        // Asked again: the lock may have been let go meanwhile.
+        let moved_shared = shared(parts, &state, moved);
+        return Ok((state, moved_shared));
     }
-    drop(state);
-    let state = parts.log.lock_quiet();
-    // Asked again: the lock was let go meanwhile.
-    let moved_shared = shared(parts, &state, moved);
-    (state, moved_shared)
 }
 
 /// Placement's choice among the sealed segments that hold no pinned key's records; among all of

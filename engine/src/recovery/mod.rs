@@ -101,7 +101,6 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     let mut boots = vec![0u64; count];
     let mut unknown = Vec::new();
     let mut max_seq = 0;
-    let mut wrote = false;
     let mut freed_ahead = sb.freed_ahead;
     for index in 0..sb.segment_count {
         let (h, rebuilt) = match read_header(dev, sb, index)? {
@@ -129,7 +128,6 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
                 freed_ahead = record_freed(dev, sb, freed_ahead, h.seq, c.checkpoint_seq)?;
                 dev.write_at(&AlignedBuf::zeroed(UNIT_BYTES as usize), sb.segment_offset(index))?;
                 report.stale_segments_freed += 1;
-                wrote = true;
                 continue;
             }
         }
@@ -137,7 +135,6 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
             tracing::error!(segment = index, seq = h.seq, reason = %why, "segment header is damaged; rebuilt it from the segment's records");
             write_header(dev, sb, &h)?;
             report.headers_rebuilt += 1;
-            wrote = true;
         }
         max_seq = max_seq.max(h.seq);
         if let (Some(s), Some(b)) = (segments.get_mut(index as usize), boots.get_mut(index as usize)) {
@@ -167,7 +164,6 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         next_seq += 1;
         void_segment(dev, sb, index, seq)?;
         report.records_discarded += 1;
-        wrote = true;
         if let (Some(s), Some(b)) = (segments.get_mut(index as usize), boots.get_mut(index as usize)) {
             *s = SegInfo { state: SegState::Sealed { end_unit: 1 }, seq, created_unix_ms: 0 };
             *b = dev.boot();
@@ -255,12 +251,12 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         tracing::warn!(segment = i, end_unit = settled.chain_end, reason = %why, "segment was not sealed; sealing it after its last valid record");
         seal_recovered(dev, sb, i, seq, settled.seal_unit, &settled.entries)?;
         report.tails_cut.push((i, why));
-        wrote = true;
         set_sealed(&mut segments, i, settled.seal_unit);
     }
-    if wrote {
-        dev.sync()?;
-    }
+    // Synced whether or not recovery wrote: a process crash leaves what it found in the
+    // device's cache, and reclaim may erase what those records superseded only once they are
+    // durable (`LogState::note_superseded`), which it learns from syncs made from now on.
+    dev.sync()?;
     let resumable = if open.is_none() { resumable(dev, sb, &segments)? } else { None };
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     // Checkpoint seqs go on from the newest one a segment freed ahead relied on, even if it was

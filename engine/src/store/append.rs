@@ -290,8 +290,22 @@ impl Parts {
                         continue;
                     }
                     None => {
+                        let victim = self.victim_to_reclaim(&state)?;
+                        if let Some(end) = victim.and_then(|v| self.log.superseded_unsynced(&state, v)) {
+                            // The segment reclaim would free holds records superseded by ones
+                            // not durable yet: they are made durable first, without the lock
+                            // (and with this call's own records handed over).
+                            if !jobs.is_empty() {
+                                return Ok((jobs, done));
+                            }
+                            drop(state);
+                            self.log.make_durable(end)?;
+                            state = self.log.let_quiet(self.log.lock());
+                            state.writable()?;
+                            continue;
+                        }
                         // May reclaim a segment, and with it the bytes a link points at.
-                        self.open_segment(&mut state)?;
+                        self.open_segment(&mut state, victim)?;
                         continue;
                     }
                 }
@@ -373,6 +387,7 @@ impl Parts {
             let new_key = fresh && self.index_read().key(&item.key).is_none();
             self.place_in_tiers(&buf, &item.header, item.content, loc, fresh, new_key);
         }
+        let before = self.index_read().key(&item.key).map(|k| k.record);
         if let Err(e) = self.apply(&item.header, item.key, item.content, loc, units) {
             self.log.drop_pending(&loc);
             return Err(e);
@@ -388,6 +403,9 @@ impl Parts {
         }
         let unit = open.reserve(units, &encoded);
         debug_assert_eq!(unit, loc.unit);
+        if let Some(old) = before.filter(|old| old.segment != loc.segment) {
+            state.note_superseded(old.segment, Pos { seq, unit: loc.unit + units });
+        }
         // A record cleaning writes again is a relocation (counted by cleaning), not a put:
         // write amplification divides the one by the other.
         if !item.is_relocation() {
@@ -433,15 +451,25 @@ impl Parts {
         }
     }
 
+    /// The segment opening one would reclaim: none while one is free.
+    fn victim_to_reclaim(&self, state: &LogState) -> Result<Option<u32>> {
+        if state.free_segment().is_some() {
+            return Ok(None);
+        }
+        crate::reclaim::victim(self, state).map(Some)
+    }
+
     /// Starts appending to a segment: the one sealed by the last clean close if it has room,
-    /// else a new segment use, reclaiming a segment first when none is free.
-    fn open_segment(&self, state: &mut LogState) -> Result<()> {
+    /// else a new segment use, reclaiming `victim` (chosen under the same hold of the log lock,
+    /// [`Store::victim_to_reclaim`]) when none is free.
+    fn open_segment(&self, state: &mut LogState, victim: Option<u32>) -> Result<()> {
         if self.log.resume_if_resumable(state)? {
             return Ok(());
         }
-        let index = match state.free_segment() {
-            Some(i) => i,
-            None => crate::reclaim::reclaim(self, state)?,
+        let index = match (state.free_segment(), victim) {
+            (Some(i), _) => i,
+            (None, Some(victim)) => crate::reclaim::reclaim(self, state, victim)?,
+            (None, None) => return Err(StoreError::invalid("volume", "no free segment and no victim chosen")),
         };
         self.log.start_segment(state, index)
     }
