@@ -131,6 +131,7 @@ fn run_and_kill(volume: &Path, first_id: u64, after: Duration) -> Vec<String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_crash-writer"))
         .arg(volume)
         .arg(first_id.to_string())
+        .arg("hot")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

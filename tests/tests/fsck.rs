@@ -402,11 +402,20 @@ fn intact_records_after_damage_in_an_unsealed_segment_are_kept() {
             unsealed_with_records(&scan).map(|at| (scan, at))
         })
         .expect("an unsealed segment with records after 20 kills");
-    // Zero the payload of an early record of the unsealed segment: recovery would stop there.
+    // Zero the payload of an early block record of the unsealed segment (a tombstone has none):
+    // recovery would stop there.
     let seg = &scan.segments[at];
-    let victim = &seg.records[2];
-    let after: Vec<(String, usize)> =
-        seg.records[3..].iter().map(|r| (r.header.key.clone(), r.header.stored_len as usize)).collect();
+    let once = |r: &kvhoard_engine::check::scan::ScannedRecord| {
+        r.header.kind == kvhoard_engine::format::record::RecordKind::Block
+    };
+    let nth =
+        (2..seg.records.len() - 1).find(|&i| once(&seg.records[i])).expect("a block record with records after it");
+    let victim = &seg.records[nth];
+    let after: Vec<(String, usize)> = seg.records[nth + 1..]
+        .iter()
+        .filter(|r| once(r))
+        .map(|r| (r.header.key.clone(), r.header.stored_len as usize))
+        .collect();
     patch(&data(&vol), scan.sb.segment_offset(seg.index) + u64::from(victim.unit + 1) * 4096, |b| b.fill(0));
     let outcome = run(&vol, false);
     assert!(found(&outcome, "after_damage"), "{:#?}", outcome.found.problems);

@@ -1,11 +1,12 @@
 //! Child process of the crash test: writes blocks with `synced` durability and prints an
 //! acknowledgement line after each one returns, until it is killed.
 //!
-//! Usage: crash-writer VOLUME FIRST_ID [hold]
+//! Usage: crash-writer VOLUME FIRST_ID [hold|hot]
 //!   Prints `put ID` after block ID is durable, `del ID` after a deletion of block ID is durable.
-//!   After every eighth block (ID % 8 == 5) it also writes one of four keys again, `hot{J}`
-//!   with J = ID / 8 % 4, with a block larger than the log writer's joined writes and `written`
-//!   durability (which a process crash must not lose), and prints `hot J ID` once written.
+//!   With `hot`, after every eighth block (ID % 8 == 5) it also writes one of four keys again,
+//!   `hot{J}` with J = ID / 8 % 4, with a block larger than the log writer's joined writes and
+//!   `written` durability (which a process crash must not lose), and prints `hot J ID` once
+//!   written.
 //!   With `hold`, opens the volume, prints `open`, and sleeps (to test the volume lock).
 
 use std::io::Write;
@@ -33,12 +34,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(std::time::Duration::from_secs(600));
         return Ok(());
     }
+    let hot = args.get(3).map(String::as_str) == Some("hot");
     let opts = PutOptions { durability: Durability::Synced, ..PutOptions::default() };
     for id in first.. {
         store.put("default", &format!("k{id}"), &block(id, crash_block_len(id)), &opts)?;
         writeln!(out, "put {id}")?;
         out.flush()?;
-        if id % 8 == 5 {
+        if hot && id % 8 == 5 {
             let hot = id / 8 % 4;
             let written = PutOptions { durability: Durability::Written, ..PutOptions::default() };
             store.put("default", &format!("hot{hot}"), &hot_block(id), &written)?;
