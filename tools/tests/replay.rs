@@ -122,6 +122,7 @@ fn the_summary_json_keeps_its_shape() {
             "recompressed",
             "requests",
             "scale",
+            "segments_freed_ahead",
             "ssd_bytes",
             "ssd_gbps",
             "stored_bytes",

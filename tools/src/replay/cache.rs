@@ -36,6 +36,9 @@ pub struct CacheStats {
     pub recompressed: u64,
     /// Blocks the planner dropped (counted in `evictions` too).
     pub planner_drops: u64,
+    /// Segments freed while an older one was still in the log, each recorded in the superblock
+    /// (docs/format.md, "Damage"); the engine only.
+    pub segments_freed_ahead: u64,
 }
 
 impl CacheStats {

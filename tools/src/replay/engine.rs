@@ -257,6 +257,7 @@ impl Cache for EngineCache {
             recompressed: s.recompressed_records,
             // Drops by cleaning's decisions are among the evictions, not counted apart.
             planner_drops: s.planner_dropped_keys,
+            segments_freed_ahead: s.segments_freed_ahead,
         }
     }
 }

@@ -317,6 +317,7 @@ pub fn summary(name: &str, mode: &str, report: &Report) -> Value {
         "planner_cpu_s": round(report.cache.planner_cpu_s, 4),
         "recompressed": report.cache.recompressed,
         "planner_drops": report.cache.planner_drops,
+        "segments_freed_ahead": report.cache.segments_freed_ahead,
     })
 }
 
