@@ -290,6 +290,10 @@ impl Parts {
                         continue;
                     }
                     None => {
+                        // The segment the last clean close sealed with room, if it still can be.
+                        if self.log.resume_if_resumable(&mut state)? {
+                            continue;
+                        }
                         let victim = self.victim_to_reclaim(&state)?;
                         if let Some(end) = victim.and_then(|v| self.log.superseded_unsynced(&state, v)) {
                             // The segment reclaim would free holds records superseded by ones
@@ -387,7 +391,18 @@ impl Parts {
             let new_key = fresh && self.index_read().key(&item.key).is_none();
             self.place_in_tiers(&buf, &item.header, item.content, loc, fresh, new_key);
         }
-        let before = self.index_read().key(&item.key).map(|k| k.record);
+        // What the key named before: its record, and the record of its bytes (elsewhere, when
+        // the record was a link). Both segments hold its older version.
+        let before: Vec<Loc> = {
+            let index = self.index_read();
+            index
+                .key(&item.key)
+                .map(|k| [Some(k.record), index.content(k.content).map(|c| c.record)])
+                .into_iter()
+                .flatten()
+                .flatten()
+                .collect()
+        };
         if let Err(e) = self.apply(&item.header, item.key, item.content, loc, units) {
             self.log.drop_pending(&loc);
             return Err(e);
@@ -403,7 +418,7 @@ impl Parts {
         }
         let unit = open.reserve(units, &encoded);
         debug_assert_eq!(unit, loc.unit);
-        if let Some(old) = before.filter(|old| old.segment != loc.segment) {
+        for old in before.iter().filter(|old| old.segment != loc.segment) {
             state.note_superseded(old.segment, Pos { seq, unit: loc.unit + units });
         }
         // A record cleaning writes again is a relocation (counted by cleaning), not a put:

@@ -41,8 +41,8 @@ pub struct WriterConfig {
     /// joined into writes of up to this size. A larger record is a write of its own.
     pub request_bytes: usize,
     /// A record longer than this (and its header unit) is split into writes of this size, all
-    /// in flight at once, and its first unit written once they completed. The default is the
-    /// largest write the kernel takes: a large direct write is split into the device's requests
+    /// in flight at once, and its first unit written once they completed. The default is
+    /// [`WriterConfig::MAX_REQUEST_BYTES`]: a large direct write is split into the device's requests
     /// by the kernel, in flight at once, so splitting it here gains nothing, and waiting for the
     /// pieces before the first unit costs a put's latency (docs/benchmarks.md).
     pub split_bytes: usize,
