@@ -102,12 +102,8 @@ fn eio_on_fsync(backend: Backend) {
     store.put("default", "c", &a, &opts(Durability::Synced)).unwrap();
 }
 
-/// A batch of small records handed to the log writer is joined into writes of up to four
-/// records (16 KiB each, 64 KiB writes). The sixth part written fails, and with it the whole
-/// write it is in: its records are never readable, the batch is not acknowledged, the records
-/// of the writes that succeeded are read back intact (this run) or are gone (after reopening,
-/// which stops at the hole), never garbage, and everything acknowledged before survives.
-fn eio_in_a_joined_write(backend: Backend) {
+/// A volume whose log writer joins records into writes of up to 64 KiB and splits larger ones.
+fn volume_with_small_writes(backend: Backend) -> (tempfile::TempDir, Arc<FaultDevice>, Store) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let path = dir.path().join("volume");
     std::fs::File::create(&path).unwrap().set_len(SEG * 8).unwrap();
@@ -115,6 +111,16 @@ fn eio_in_a_joined_write(backend: Backend) {
     let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
     let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 64 << 10, split_bytes: 64 << 10 };
     let store = Store::create_on(dev.clone(), &create, StoreOptions { writer, ..StoreOptions::default() }).unwrap();
+    (dir, dev, store)
+}
+
+/// A batch of small records handed to the log writer is joined into writes of up to four
+/// records (16 KiB each, 64 KiB writes). The sixth part written fails, and with it the whole
+/// write it is in: its records are never readable, the batch is not acknowledged, the records
+/// of the writes that succeeded are read back intact (this run) or are gone (after reopening,
+/// which stops at the hole), never garbage, and everything acknowledged before survives.
+fn eio_in_a_joined_write(backend: Backend) {
+    let (dir, dev, store) = volume_with_small_writes(backend);
     let early = block(99, 100_000);
     store.put("default", "early", &early, &opts(Durability::Synced)).unwrap();
     let blocks: Vec<Vec<u8>> = (0..20).map(|i| block(i, 12 << 10)).collect();
@@ -166,13 +172,7 @@ fn eio_in_the_middle_of_a_joined_write_fails_exactly_its_records() {
 /// check out (which it would have to take for damage and make the key a miss), and the key's
 /// earlier acknowledged value is there.
 fn eio_in_a_piece_of_a_split_record(backend: Backend) {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let path = dir.path().join("volume");
-    std::fs::File::create(&path).unwrap().set_len(SEG * 8).unwrap();
-    let dev = device(&path, backend);
-    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
-    let writer = WriterConfig { in_flight_bytes: 64 << 20, request_bytes: 64 << 10, split_bytes: 64 << 10 };
-    let store = Store::create_on(dev.clone(), &create, StoreOptions { writer, ..StoreOptions::default() }).unwrap();
+    let (dir, dev, store) = volume_with_small_writes(backend);
     let first = block(1, 100_000);
     store.put("default", "k", &first, &opts(Durability::Synced)).unwrap();
     dev.fail_nth(FaultKind::Write, 2);

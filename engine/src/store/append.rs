@@ -393,15 +393,9 @@ impl Parts {
         }
         // What the key named before: its record, and the record of its bytes (elsewhere, when
         // the record was a link). Both segments hold its older version.
-        let before: Vec<Loc> = {
+        let before: [Option<Loc>; 2] = {
             let index = self.index_read();
-            index
-                .key(&item.key)
-                .map(|k| [Some(k.record), index.content(k.content).map(|c| c.record)])
-                .into_iter()
-                .flatten()
-                .flatten()
-                .collect()
+            index.key(&item.key).map_or([None, None], |k| [Some(k.record), index.content(k.content).map(|c| c.record)])
         };
         if let Err(e) = self.apply(&item.header, item.key, item.content, loc, units) {
             self.log.drop_pending(&loc);
@@ -418,7 +412,7 @@ impl Parts {
         }
         let unit = open.reserve(units, &encoded);
         debug_assert_eq!(unit, loc.unit);
-        for old in before.iter().filter(|old| old.segment != loc.segment) {
+        for old in before.iter().flatten().filter(|old| old.segment != loc.segment) {
             state.note_superseded(old.segment, Pos { seq, unit: loc.unit + units });
         }
         // A record cleaning writes again is a relocation (counted by cleaning), not a put:
