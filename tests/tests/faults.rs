@@ -1,5 +1,6 @@
 //! Injected I/O errors on the real I/O paths: EIO on read, write and fsync in front of the
-//! io_uring and the pread backends, on a volume file. A failed write is never acknowledged,
+//! io_uring and the pread backends, on a volume file (and through the page cache, where the
+//! log writer writes a record's first unit last). A failed write is never acknowledged,
 //! errors are typed, reads keep working, and the volume reopens with every acknowledged block.
 
 use std::path::Path;
@@ -17,12 +18,15 @@ const SEG: u64 = 4 << 20;
 enum Backend {
     IoUring,
     Pread,
+    /// io_uring without O_DIRECT.
+    Buffered,
 }
 
 fn device(path: &Path, backend: Backend) -> Arc<FaultDevice> {
     let inner: Arc<dyn BlockDevice> = match backend {
         Backend::IoUring => Arc::new(UringDevice::open(path, true, UringConfig::default()).unwrap()),
         Backend::Pread => Arc::new(FileDevice::open(path, true).unwrap()),
+        Backend::Buffered => Arc::new(UringDevice::open(path, false, UringConfig::default()).unwrap()),
     };
     Arc::new(FaultDevice::new(inner))
 }
@@ -164,6 +168,7 @@ fn eio_in_a_joined_write(backend: Backend) {
 fn eio_in_the_middle_of_a_joined_write_fails_exactly_its_records() {
     eio_in_a_joined_write(Backend::IoUring);
     eio_in_a_joined_write(Backend::Pread);
+    eio_in_a_joined_write(Backend::Buffered);
 }
 
 /// A record larger than one write is split over several; one of its pieces fails. The put fails,
@@ -189,24 +194,49 @@ fn eio_in_a_piece_of_a_split_record(backend: Backend) {
 fn eio_in_a_piece_of_a_split_record_leaves_the_value_before_it() {
     eio_in_a_piece_of_a_split_record(Backend::IoUring);
     eio_in_a_piece_of_a_split_record(Backend::Pread);
+    eio_in_a_piece_of_a_split_record(Backend::Buffered);
+}
+
+/// Through the page cache, a record of more than one unit is written with zeros in place of
+/// its first unit, and the first unit after: a failure of either write fails the put, and the
+/// next open finds a hole (zeros, or zeros and the rest), never a record that begins and does
+/// not check out, so the key keeps its earlier acknowledged value.
+#[test]
+fn eio_in_either_write_of_a_buffered_record_leaves_the_value_before_it() {
+    for nth in [1, 2] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let (dev, store) = volume(dir.path(), Backend::Buffered);
+        let first = block(1, 100_000);
+        store.put("default", "k", &first, &opts(Durability::Synced)).unwrap();
+        dev.fail_nth(FaultKind::Write, nth);
+        let err = store.put("default", "k", &block(2, 300_000), &opts(Durability::Written)).unwrap_err();
+        assert!(is_eio(&err), "write {nth}: the put fails with the write's error, got {err:?}");
+        drop(store);
+        let store = reopen(dir.path(), Backend::Buffered);
+        assert_eq!(store.recovery_report().records_discarded, 0, "write {nth}: nothing taken for damage");
+        assert!(get(&store, "k").unwrap() == Some(first), "write {nth}: the acknowledged value of k");
+    }
 }
 
 #[test]
 fn eio_on_read_is_a_typed_error_and_the_store_keeps_serving() {
     eio_on_read(Backend::IoUring);
     eio_on_read(Backend::Pread);
+    eio_on_read(Backend::Buffered);
 }
 
 #[test]
 fn eio_on_write_is_never_acknowledged() {
     eio_on_write(Backend::IoUring);
     eio_on_write(Backend::Pread);
+    eio_on_write(Backend::Buffered);
 }
 
 #[test]
 fn eio_on_fsync_fails_the_synced_put_and_keeps_what_was_acknowledged() {
     eio_on_fsync(Backend::IoUring);
     eio_on_fsync(Backend::Pread);
+    eio_on_fsync(Backend::Buffered);
 }
 
 /// A freeing ahead of the oldest segment that stopped after the checkpoint it writes first and

@@ -90,22 +90,25 @@ enum Op {
     /// before the device's `at`-th write or sync after it began (at its end if it made fewer),
     /// losing the checkpoint slots `slots` names as [`Op::LoseCheckpoint`] does (0: none). The
     /// image must pass fsck; each key the operation touched may read as before it or as after
-    /// it, any other as a crash between operations allows. On a volume file the operation runs
-    /// whole.
+    /// it, any other as a crash between operations allows. On a volume of buffered writes
+    /// ([`Setup::buffered`]) the process was killed while that write had copied its first `cut`
+    /// units, which stay. On a volume file the operation runs whole.
     CrashDuring {
         op: Box<Op>,
         at: u16,
         mode: CrashMode,
         slots: u8,
+        cut: u16,
     },
     /// A crash in `first`, then another in the middle of the open that recovers from it (just
     /// before its `at`-th device write or sync), in `then`: what recovery writes (seals,
     /// rebuilt headers, erased stale headers, checkpoints) must leave a volume that passes fsck
-    /// and opens to what the first crash allows.
+    /// and opens to what the first crash allows. `cut` as for [`Op::CrashDuring`].
     CrashInRecovery {
         first: CrashMode,
         at: u16,
         then: CrashMode,
+        cut: u16,
     },
 }
 
@@ -137,16 +140,19 @@ fn crash_during(ops: impl Strategy<Value = Op>) -> impl Strategy<Value = Op> {
     let batch = (proptest::collection::vec(0..KEYS, 1..5), small_value())
         .prop_map(|(keys, value)| Op::PutBatch { keys, value });
     let op = prop_oneof![3 => ops, 1 => batch, 2 => Just(Op::Clean)];
-    (op, prop_oneof![0..8u16, 0..160u16], crash_mode(), prop_oneof![2 => Just(0u8), 1 => 1..4u8])
-        .prop_map(|(op, at, mode, slots)| Op::CrashDuring { op: Box::new(op), at, mode, slots })
+    (op, prop_oneof![0..8u16, 0..160u16], crash_mode(), prop_oneof![2 => Just(0u8), 1 => 1..4u8], cut())
+        .prop_map(|(op, at, mode, slots, cut)| Op::CrashDuring { op: Box::new(op), at, mode, slots, cut })
 }
 
 fn crash_in_recovery() -> impl Strategy<Value = Op> {
-    (crash_mode(), prop_oneof![0..4u16, 0..24u16], crash_mode()).prop_map(|(first, at, then)| Op::CrashInRecovery {
-        first,
-        at,
-        then,
-    })
+    (crash_mode(), prop_oneof![0..4u16, 0..24u16], crash_mode(), cut())
+        .prop_map(|(first, at, then, cut)| Op::CrashInRecovery { first, at, then, cut })
+}
+
+/// How much of the write under way a killed process left ([`Op::CrashDuring`]): nothing, its
+/// first unit or a few (a header, a header and some payload), or any part of a large record.
+fn cut() -> impl Strategy<Value = u16> {
+    prop_oneof![Just(0u16), 1..4u16, 0..40u16]
 }
 
 fn crash_mode() -> impl Strategy<Value = CrashMode> {
@@ -600,6 +606,9 @@ struct Setup {
     /// Records longer than 16 KiB are split over several writes (their header written last)
     /// instead of written whole, as by default.
     split: bool,
+    /// The memory device models buffered I/O: a write under way when the process is killed
+    /// may leave a prefix ([`MemDevice::cut_writes`]).
+    buffered: bool,
 }
 
 impl Setup {
@@ -613,14 +622,24 @@ impl Setup {
             recompress: false,
             planner_budget: None,
             split: true,
+            buffered: false,
         }
     }
 }
 
 /// Runs `ops` against the store and the model; the store's statistics at the end.
 fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseError> {
-    let Setup { backend, dram_tier_bytes, segments, checkpoint_every_segments, lru, recompress, planner_budget, split } =
-        setup;
+    let Setup {
+        backend,
+        dram_tier_bytes,
+        segments,
+        checkpoint_every_segments,
+        lru,
+        recompress,
+        planner_budget,
+        split,
+        buffered,
+    } = setup;
     let create = CreateOptions { capacity_bytes: Some(SEGMENT * segments), segment_size_bytes: SEGMENT };
     // The planner's clock: a second per operation, so that a case repeats exactly.
     let now = Arc::new(std::sync::atomic::AtomicU64::new(1_700_000_000_000));
@@ -646,7 +665,8 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
     };
     let (mut volume, mut store) = match backend {
         Backend::Memory => {
-            let dev = Arc::new(MemDevice::new(SEGMENT * segments));
+            let dev = MemDevice::new(SEGMENT * segments);
+            let dev = Arc::new(if buffered { dev.cut_writes() } else { dev });
             let create = CreateOptions { capacity_bytes: None, ..create };
             let store = Store::create_on(dev.clone(), &create, opts.clone()).map_err(fail)?;
             (Volume::Memory(dev), store)
@@ -724,7 +744,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                     model.observe(key, got, false)?;
                 }
             }
-            Op::CrashDuring { op, at, mode, slots } => {
+            Op::CrashDuring { op, at, mode, slots, cut } => {
                 let Volume::Memory(dev) = &volume else {
                     // A volume file's crash is a reopen: nothing can stop in the middle.
                     run_whole(*op, &store, &mut model, &recording)?;
@@ -733,7 +753,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 let before = model.clone();
                 dev.mark_after(u64::from(at));
                 run_whole(*op, &store, &mut model, &recording)?;
-                let crashed = dev.crash_at_mark(mode);
+                let crashed = dev.crash_in_marked_write(mode, u64::from(cut));
                 lose_checkpoints(&crashed, &store, slots)?;
                 drop(store);
                 fsck_crashed(&crashed)?;
@@ -748,7 +768,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 }
                 read_after_crash(&store, &mut model, mode, slots != 0)?;
             }
-            Op::CrashInRecovery { first, at, then } => {
+            Op::CrashInRecovery { first, at, then, cut } => {
                 let Volume::Memory(dev) = &volume else {
                     // A volume file's crash is a reopen, and its open cannot be stopped halfway.
                     store.close().map_err(fail)?;
@@ -765,7 +785,7 @@ fn run_on(ops: Vec<Op>, setup: Setup) -> Result<kvhoard_engine::Stats, TestCaseE
                 drop(store);
                 crashed.mark_after(u64::from(at));
                 let recovering = Store::open_on(crashed.clone(), opts.clone()).map_err(fail)?;
-                let image = crashed.crash_at_mark(then);
+                let image = crashed.crash_in_marked_write(then, u64::from(cut));
                 drop(recovering);
                 fsck_crashed(&image)?;
                 volume = Volume::Memory(Arc::new(image));
@@ -1006,8 +1026,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn store_matches_the_model(ops in proptest::collection::vec(op(), 1..60), split in any::<bool>()) {
-        run_on(ops, Setup { split, ..Setup::new(Backend::Memory, 0) })?;
+    fn store_matches_the_model(
+        ops in proptest::collection::vec(op(), 1..60),
+        split in any::<bool>(),
+        buffered in any::<bool>(),
+    ) {
+        run_on(ops, Setup { split, buffered, ..Setup::new(Backend::Memory, 0) })?;
     }
 
     /// On a volume of 7 segments filled by large values, with many pins: segments are reclaimed
@@ -1204,9 +1228,32 @@ fn a_process_crash_inside_a_split_record_keeps_the_value_before_it() {
             at: 1,
             mode: CrashMode::KeepAll,
             slots: 0,
+            cut: 0,
         },
     ])
     .unwrap();
+}
+
+/// A process killed while a buffered write of a record was copying it into the page cache:
+/// the record's header and the start of its payload were there, the rest not, and recovery took
+/// it for damage and made the key a miss, losing the value before it. On a device whose writes
+/// can be cut short, a record's first unit is now written last, once the rest is there.
+#[test]
+fn a_process_killed_in_a_buffered_write_keeps_the_value_before_it() {
+    for cut in [1, 2, 5] {
+        let ops = vec![
+            Op::Put { key: 7, value: (0, 0), synced: true },
+            Op::CrashDuring {
+                op: Box::new(Op::Put { key: 7, value: (1, 30000), synced: false }),
+                at: 0,
+                mode: CrashMode::KeepAll,
+                slots: 0,
+                cut,
+            },
+            Op::Get { key: 7 },
+        ];
+        run_on(ops, Setup { buffered: true, split: false, ..Setup::new(Backend::Memory, 0) }).unwrap();
+    }
 }
 
 /// Reclaim freed a segment whose record of a key a newer, unsynced record had superseded: a
@@ -1226,10 +1273,17 @@ fn a_segment_is_freed_only_once_what_superseded_its_records_is_durable() {
             first: CrashMode::Random(10901203128529637279),
             at: 0,
             then: CrashMode::Random(11023905837903951795),
+            cut: 0,
         },
         Op::PutGrouped { key: 1, value: (54, 245578), group: 2 },
         Op::PutGrouped { key: 9, value: (110, 211410), group: 0 },
-        Op::CrashDuring { op: Box::new(Op::Clean), at: 1, mode: CrashMode::Random(18433969436085278447), slots: 0 },
+        Op::CrashDuring {
+            op: Box::new(Op::Clean),
+            at: 1,
+            mode: CrashMode::Random(18433969436085278447),
+            slots: 0,
+            cut: 0,
+        },
     ];
     let setup = Setup { segments: 7, checkpoint_every_segments: 1, ..Setup::new(Backend::Memory, 0) };
     for _ in 0..8 {

@@ -130,7 +130,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { backend: "pread", direct_io: self.direct_io, alignment: UNIT_BYTES }
+        Capabilities::of_file("pread", self.direct_io)
     }
 }
 

@@ -3,7 +3,9 @@
 //! It keeps two images: `written` (what reads see) and `durable` (what survives a crash). A
 //! `sync` makes the written image durable. [`MemDevice::crash`] returns the device as it would be
 //! after power loss: the durable image plus each unsynced write kept whole, dropped, or torn at a
-//! 512-byte sector boundary, chosen by a seed.
+//! 512-byte sector boundary, chosen by a seed. [`MemDevice::crash_at_mark`] returns it as a crash at
+//! a chosen moment would, and [`MemDevice::cut_writes`] makes one that models buffered I/O,
+//! where the write under way when the process is killed may leave a prefix.
 
 use std::sync::Mutex;
 
@@ -36,8 +38,9 @@ struct Media {
 enum Mark {
     /// The media are copied before the operation (write or sync) this many operations ahead.
     Armed(u64),
-    /// The media as they were at that moment.
-    Taken(Box<Media>),
+    /// The media as they were at that moment, and the write that was about to be made (offset
+    /// and bytes), if the operation was a write.
+    Taken(Box<Media>, Option<(u64, Vec<u8>)>),
 }
 
 #[derive(Debug, Default)]
@@ -47,10 +50,14 @@ struct State {
 }
 
 impl State {
-    /// Counts a write or sync about to change the media, copying them first if it is the marked one.
-    fn count_operation(&mut self) {
+    /// Counts a write (`Some((offset, bytes))`) or sync (`None`) about to change the media,
+    /// copying them first if it is the marked one.
+    fn count_operation(&mut self, write: Option<(u64, &[u8])>) {
         match self.mark {
-            Some(Mark::Armed(0)) => self.mark = Some(Mark::Taken(Box::new(self.media.clone()))),
+            Some(Mark::Armed(0)) => {
+                let write = write.map(|(offset, buf)| (offset, buf.to_vec()));
+                self.mark = Some(Mark::Taken(Box::new(self.media.clone()), write));
+            }
             Some(Mark::Armed(ref mut n)) => *n -= 1,
             _ => {}
         }
@@ -66,6 +73,8 @@ pub struct MemDevice {
     /// The simulated machine's boot: a power loss ([`CrashMode::DropAll`], [`CrashMode::Random`])
     /// starts a new one, a process crash ([`CrashMode::KeepAll`]) does not.
     boot: u64,
+    /// [`Capabilities::whole_writes`]: false for a device made by [`MemDevice::cut_writes`].
+    whole_writes: bool,
 }
 
 const SECTOR_BYTES: u64 = 512;
@@ -87,7 +96,16 @@ impl MemDevice {
             faults: Faults::default(),
             capacity,
             boot: 1,
+            whole_writes: true,
         }
+    }
+
+    /// This device modelling buffered I/O: it reports that a write may not reach it whole when
+    /// the process is killed, and [`MemDevice::crash_in_marked_write`] keeps a prefix of the
+    /// write under way.
+    pub fn cut_writes(mut self) -> MemDevice {
+        self.whole_writes = false;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -116,9 +134,27 @@ impl MemDevice {
     /// The image a crash at the marked moment would have left behind (right now, if the device
     /// has not reached it), as a new device; the mark is cleared.
     pub fn crash_at_mark(&self, mode: CrashMode) -> MemDevice {
+        self.crash_in_marked_write(mode, 0)
+    }
+
+    /// [`MemDevice::crash_at_mark`], with the process killed while the marked operation, if it
+    /// is a write, had copied its first `units` units (fewer if it is shorter): on a device made
+    /// by [`MemDevice::cut_writes`], that prefix is kept as a write that completed; on one that
+    /// writes whole, nothing of it is.
+    pub fn crash_in_marked_write(&self, mode: CrashMode, units: u64) -> MemDevice {
         let mut state = self.lock();
         match state.mark.take() {
-            Some(Mark::Taken(media)) => self.crashed(&media, mode),
+            Some(Mark::Taken(mut media, write)) => {
+                if let (false, Some((offset, bytes))) = (self.whole_writes, write) {
+                    let kept = (units * UNIT_BYTES).min(bytes.len() as u64) as usize;
+                    let range = offset as usize..offset as usize + kept;
+                    if let (Some(dst), Some(src)) = (media.written.get_mut(range), bytes.get(..kept)) {
+                        dst.copy_from_slice(src);
+                        media.unsynced.push((offset, kept as u64));
+                    }
+                }
+                self.crashed(&media, mode)
+            }
             _ => self.crashed(&state.media, mode),
         }
     }
@@ -145,6 +181,7 @@ impl MemDevice {
             }
         }
         let mut crashed = MemDevice::from_image(image);
+        crashed.whole_writes = self.whole_writes;
         crashed.boot = if mode == CrashMode::KeepAll { self.boot } else { self.boot + 1 };
         crashed
     }
@@ -191,7 +228,7 @@ impl BlockDevice for MemDevice {
         if self.faults.take(FaultKind::Write) {
             return Err(eio("write", offset, buf.len() as u64));
         }
-        state.count_operation();
+        state.count_operation(Some((offset, buf)));
         let dst = state.media.written.get_mut(offset as usize..offset as usize + buf.len());
         dst.ok_or_else(|| eio("write", offset, buf.len() as u64))?.copy_from_slice(buf);
         state.media.unsynced.push((offset, buf.len() as u64));
@@ -204,7 +241,7 @@ impl BlockDevice for MemDevice {
             // Like a failed fsync: what was unsynced stays unsynced and may be lost.
             return Err(eio("sync", 0, 0));
         }
-        state.count_operation();
+        state.count_operation(None);
         let Media { written, durable, unsynced } = &mut state.media;
         for &(offset, len) in unsynced.iter() {
             let range = offset as usize..(offset + len) as usize;
@@ -217,7 +254,7 @@ impl BlockDevice for MemDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { backend: "memory", direct_io: false, alignment: UNIT_BYTES }
+        Capabilities { backend: "memory", direct_io: false, whole_writes: self.whole_writes, alignment: UNIT_BYTES }
     }
 }
 
@@ -279,5 +316,26 @@ mod tests {
         dev.mark_after(0);
         dev.sync().unwrap();
         assert!(dev.crash_at_mark(CrashMode::DropAll).image()[4096..8192].iter().all(|&b| b == 1));
+    }
+
+    #[test]
+    fn a_crash_in_the_marked_write_keeps_its_prefix_only_where_writes_can_be_cut() {
+        for cut in [false, true] {
+            let dev = if cut { MemDevice::new(1 << 16).cut_writes() } else { MemDevice::new(1 << 16) };
+            assert_eq!(dev.capabilities().whole_writes, !cut);
+            let mut a = AlignedBuf::zeroed(4 * 4096);
+            a.fill(7);
+            dev.mark_after(0);
+            dev.write_at(&a, 4096).unwrap();
+            let image = dev.crash_in_marked_write(CrashMode::KeepAll, 3).image();
+            let kept = if cut { 3 * 4096 } else { 0 };
+            assert!(image[4096..4096 + kept].iter().all(|&b| b == 7), "cut {cut}");
+            assert!(image[4096 + kept..5 * 4096].iter().all(|&b| b == 0), "cut {cut}");
+            // A power loss may still drop what was kept of it: it was never synced.
+            dev.mark_after(0);
+            dev.write_at(&a, 4096).unwrap();
+            let dropped = dev.crash_in_marked_write(CrashMode::DropAll, 3).image();
+            assert!(dropped[4096..5 * 4096].iter().all(|&b| b == 0), "cut {cut}");
+        }
     }
 }

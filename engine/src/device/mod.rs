@@ -70,6 +70,13 @@ pub struct Capabilities {
     pub backend: &'static str,
     /// Whether reads and writes bypass the page cache.
     pub direct_io: bool,
+    /// Whether a write reaches the device whole even if the process is killed while it is under
+    /// way. A direct write does: the kernel has handed its requests to the device and completes
+    /// them whatever becomes of the process. A buffered write does not: copying into the page
+    /// cache stops at the next page once the process has a fatal signal, leaving a prefix. The
+    /// log writer relies on this to keep a process crash from leaving a record that begins and
+    /// does not check out ([`crate::writer`]).
+    pub whole_writes: bool,
     /// Offsets, lengths and buffer addresses must be multiples of this.
     pub alignment: u64,
 }
@@ -184,6 +191,13 @@ pub fn open_volume(
                 Ok(std::sync::Arc::new(FileDevice::open(path, direct_io)?))
             }
         },
+    }
+}
+
+impl Capabilities {
+    /// A file or block device opened by `backend`, O_DIRECT or through the page cache.
+    pub(crate) fn of_file(backend: &'static str, direct_io: bool) -> Capabilities {
+        Capabilities { backend, direct_io, whole_writes: direct_io, alignment: kvhoard_format::UNIT_BYTES }
     }
 }
 

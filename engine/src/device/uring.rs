@@ -318,6 +318,6 @@ impl BlockDevice for UringDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { backend: "io_uring", direct_io: self.direct_io, alignment: UNIT_BYTES }
+        Capabilities::of_file("io_uring", self.direct_io)
     }
 }

@@ -6,9 +6,10 @@
 //! newest version or the deletion of its key; if recovery simply stopped there, the key would
 //! fall back to whatever came before.
 //!
-//! How much recovery may trust depends on how the writer stopped. Writes complete whole, a
-//! record split over several writes gets its first unit (header and echo) only once the others
-//! are on the device (`writer/thread.rs`), and a record is acknowledged only after every record
+//! How much recovery may trust depends on how the writer stopped. A record whose write a crash
+//! of the process could cut short (one split over several writes, and on a device of buffered
+//! writes any of more than one unit) gets its first unit (header and echo) only once the rest
+//! is on the device (`writer/thread.rs`), and a record is acknowledged only after every record
 //! before it was written. So after a crash of the process (the machine's boot unchanged since
 //! the segment began, [`crate::device::BlockDevice::boot`]) every record of the segment up to
 //! the last one written is whole, a record the crash cut short left no header (a hole), and a

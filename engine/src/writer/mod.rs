@@ -11,7 +11,9 @@
 //! depends on an unwritten earlier one. A record split over several writes has its first unit
 //! (header and echo) written last, once its other pieces completed: a crash in between leaves
 //! no record that begins and does not check out, which recovery would take for damage after a
-//! process crash and make its key a miss, losing the value before it.
+//! process crash and make its key a miss, losing the value before it. Where the device's writes
+//! can be cut short by a process crash (buffered I/O,
+//! [`crate::device::Capabilities::whole_writes`]), every record of more than one unit is split so.
 //!
 //! No client thread does device I/O for a record: the device sees one submitter keeping many
 //! writes in flight, as fio does, instead of each client's one write at a time.

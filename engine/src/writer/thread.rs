@@ -28,10 +28,12 @@ struct Slot {
     /// Writes of the record not yet completed, `head` included.
     remaining: u32,
     error: Option<DeviceError>,
-    /// The first unit of a record split over several writes (its header and the header's echo),
-    /// started only once every other piece has completed: until then nothing on the device
-    /// names the record, so a crash in between leaves a hole, never a record that begins and
-    /// does not check out (which recovery, after a process crash, must take for damage).
+    /// The first unit (header and the header's echo) of a record split over several writes, or
+    /// written as zeros on a device whose writes a process crash can cut short
+    /// ([`Flights::cut`]), started only once every other piece has completed: until then nothing
+    /// on the device names the record, so a crash in between leaves a hole, never a record that
+    /// begins and does not check out (which recovery, after a process crash, must take for
+    /// damage).
     head: Option<Request>,
 }
 
@@ -41,7 +43,7 @@ struct Request {
     /// (record id, byte range of its buffer).
     parts: Vec<(u64, std::ops::Range<usize>)>,
     bytes: usize,
-    /// The first unit of a split record ([`Slot::head`]): not counted in the bytes in flight, so
+    /// A record's first unit written last ([`Slot::head`]): not counted in the bytes in flight, so
     /// that a unit waiting behind the next records' writes does not keep a record of the size
     /// left free by its pieces from starting.
     head: bool,
@@ -59,6 +61,8 @@ struct Flights {
     bytes: u64,
     next_record: u64,
     next_write: u64,
+    /// One unit of zeros, written in place of a record's first unit that waits for the rest.
+    zeros: crate::AlignedBuf,
 }
 
 /// If the writer thread unwinds, nothing would ever complete the records handed to it: the log
@@ -80,6 +84,7 @@ impl Drop for PanicGuard<'_> {
 fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&WriteJob)) {
     let _guard = PanicGuard { handoff, log };
     let dev = Arc::clone(&log.dev);
+    let whole_writes = dev.capabilities().whole_writes;
     let mut flights = Flights {
         slots: HashMap::new(),
         queued: VecDeque::new(),
@@ -87,6 +92,7 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
         bytes: 0,
         next_record: 0,
         next_write: 0,
+        zeros: crate::AlignedBuf::zeroed(kvhoard_format::UNIT_BYTES as usize),
     };
     // Declared after `flights`, whose buffers the kernel reads, so that it is dropped first:
     // dropping a queue waits for every write in flight.
@@ -107,7 +113,7 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
             return;
         }
         let crowded = taken.crowded;
-        flights.cut(taken.jobs, config, log);
+        flights.cut(taken.jobs, config, whole_writes, log);
         // Never more writes in flight than the queue was made for.
         while queue.in_flight() < MAX_WRITES_IN_FLIGHT {
             let Some(request) = flights.queued.pop_front() else { break };
@@ -130,7 +136,14 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
 impl Flights {
     /// Gives each job an id and slot, and cuts the jobs into writes queued to start: neighbours
     /// on the device joined, large records split.
-    fn cut(&mut self, mut jobs: Vec<WriteJob>, config: WriterConfig, log: &Log) {
+    ///
+    /// Where the device's writes may be cut short by a process crash (buffered I/O,
+    /// [`crate::device::Capabilities::whole_writes`]), a record of more than one unit goes in its
+    /// write with zeros in place of its first unit, and the first unit follows once that write
+    /// completed: a write cut short then leaves a hole (zeros name no record), never a record
+    /// that begins and does not check out. A one-unit record is one page, which the page cache
+    /// takes whole.
+    fn cut(&mut self, mut jobs: Vec<WriteJob>, config: WriterConfig, whole_writes: bool, log: &Log) {
         // Puts hand their records over in the order they get to it, not in log order: sorted,
         // records that follow one another on the device are next to each other, and join.
         jobs.sort_unstable_by_key(|j| (j.seq, j.loc.unit));
@@ -146,27 +159,14 @@ impl Flights {
             self.next_record += 1;
             let len = job.buf.len();
             let offset = log.sb.unit_offset(job.loc.segment, job.loc.unit);
-            let follows = tail == Some((job.loc.segment, job.loc.unit));
-            let joined = match out.back_mut() {
-                Some(last) if follows && last.bytes + len <= max && last.parts.len() < MAX_RECORDS_PER_WRITE => {
-                    last.parts.push((id, 0..len));
-                    last.bytes += len;
-                    1
-                }
-                _ => 0,
-            };
-            let mut head = None;
-            // A record of `split_bytes` of payload is one write with its header unit, not a
-            // full write and a lone unit after it.
-            let pieces = if joined == 1 {
-                1
-            } else if len <= split + unit {
-                out.push_back(Request { offset, parts: vec![(id, 0..len)], bytes: len, head: false });
-                1
-            } else {
+            let first_unit = Request { offset, parts: vec![(id, 0..unit)], bytes: unit, head: true };
+            // Writes of the record before its first unit (if that is written last).
+            let mut writes = 0;
+            let head = if len > split + unit {
                 // Split: the pieces after the first unit now, the first unit when they are done.
+                // (A record of `split_bytes` of payload is one write with its header unit, not a
+                // full write and a lone unit after it.)
                 let mut at = unit;
-                let mut pieces = 1;
                 while at < len {
                     let n = split.min(len - at);
                     out.push_back(Request {
@@ -175,15 +175,27 @@ impl Flights {
                         bytes: n,
                         head: false,
                     });
+                    self.bytes += n as u64;
                     at += n;
-                    pieces += 1;
+                    writes += 1;
                 }
-                head = Some(Request { offset, parts: vec![(id, 0..unit)], bytes: unit, head: true });
-                pieces
+                Some(first_unit)
+            } else {
+                let follows = tail == Some((job.loc.segment, job.loc.unit));
+                match out.back_mut() {
+                    Some(last) if follows && last.bytes + len <= max && last.parts.len() < MAX_RECORDS_PER_WRITE => {
+                        last.parts.push((id, 0..len));
+                        last.bytes += len;
+                    }
+                    _ => out.push_back(Request { offset, parts: vec![(id, 0..len)], bytes: len, head: false }),
+                }
+                self.bytes += len as u64;
+                writes += 1;
+                (!whole_writes && len > unit).then_some(first_unit)
             };
-            self.bytes += (len - head.as_ref().map_or(0, |h| h.bytes)) as u64;
             tail = Some((job.loc.segment, job.loc.unit + job.units()));
-            self.slots.insert(id, Slot { job, remaining: pieces, error: None, head });
+            let remaining = writes + u32::from(head.is_some());
+            self.slots.insert(id, Slot { job, remaining, error: None, head });
         }
     }
 
@@ -192,11 +204,26 @@ impl Flights {
         let token = self.next_write;
         self.next_write += 1;
         let ids: Vec<u64> = request.parts.iter().map(|(id, _)| *id).collect();
-        let parts: Option<Vec<&[u8]>> = request
-            .parts
-            .iter()
-            .map(|(id, range)| self.slots.get(id).and_then(|s| s.job.buf.get(range.clone())))
-            .collect();
+        let unit = kvhoard_format::UNIT_BYTES as usize;
+        let mut parts: Option<Vec<&[u8]>> = Some(Vec::with_capacity(request.parts.len() * 2));
+        for (id, range) in &request.parts {
+            let Some(list) = parts.as_mut() else { break };
+            let Some(slot) = self.slots.get(id) else {
+                parts = None;
+                break;
+            };
+            // A record whose first unit waits for this write ([`Flights::cut`]): zeros in its place.
+            let from = if range.start == 0 && slot.head.is_some() {
+                list.push(&self.zeros);
+                unit
+            } else {
+                range.start
+            };
+            match slot.job.buf.get(from..range.end) {
+                Some(bytes) => list.push(bytes),
+                None => parts = None,
+            }
+        }
         self.writes.insert(token, (ids, if request.head { 0 } else { request.bytes }));
         let Some(parts) = parts else {
             // Cannot happen (every part was cut from a slot's buffer); a write missing a part
@@ -206,8 +233,9 @@ impl Flights {
             return self.complete(token, Err(e), log, failed);
         };
         // SAFETY: every part is a range of a record buffer held (by an Arc in its slot) until
-        // the write's completion has been handled, and record buffers are not changed after
-        // reservation; the queue is dropped before the slots (see `run`).
+        // the write's completion has been handled, or `zeros`; record buffers are not changed
+        // after reservation, `zeros` never; the queue is dropped before the slots and `zeros`
+        // (see `run`).
         let started = unsafe { queue.submit(token, &parts, request.offset) };
         if let Err(e) = started {
             self.complete(token, Err(e), log, failed);

@@ -1,13 +1,14 @@
 //! Child process of the crash test: writes blocks with `synced` durability and prints an
 //! acknowledgement line after each one returns, until it is killed.
 //!
-//! Usage: crash-writer VOLUME FIRST_ID [hold|hot]
+//! Usage: crash-writer VOLUME FIRST_ID [hold|hot] [buffered]
 //!   Prints `put ID` after block ID is durable, `del ID` after a deletion of block ID is durable.
 //!   With `hot`, after every eighth block (ID % 8 == 5) it also writes one of four keys again,
 //!   `hot{J}` with J = ID / 8 % 4, with a block larger than the log writer's joined writes and
 //!   `written` durability (which a process crash must not lose), and prints `hot J ID` once
 //!   written.
 //!   With `hold`, opens the volume, prints `open`, and sleeps (to test the volume lock).
+//!   With `buffered`, writes through the page cache instead of O_DIRECT.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -26,7 +27,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let volume = PathBuf::from(args.get(1).ok_or("missing VOLUME")?);
     let first: u64 = args.get(2).ok_or("missing FIRST_ID")?.parse()?;
-    let store = Store::open(&volume, StoreOptions::default())?;
+    let direct_io = args.get(4).map(String::as_str) != Some("buffered");
+    let store = Store::open(&volume, StoreOptions { direct_io, ..StoreOptions::default() })?;
     let mut out = std::io::stdout().lock();
     if args.get(3).map(String::as_str) == Some("hold") {
         writeln!(out, "open")?;
