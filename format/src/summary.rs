@@ -33,6 +33,22 @@ pub fn entry_bytes(header_len: usize) -> usize {
     8 + header_len
 }
 
+/// Decodes the first entry of what may be a summary whose trailer is missing (so with no count
+/// or crc to check it against): recovery's test for a seal that did not complete.
+pub fn decode_first(bytes: &[u8]) -> Result<SummaryEntry, FormatError> {
+    read_entry(&mut Reader::new(WHAT, bytes))
+}
+
+fn read_entry(r: &mut Reader<'_>) -> Result<SummaryEntry, FormatError> {
+    let unit = r.u32()?;
+    let len = r.u32()? as usize;
+    if len > HEADER_BYTES_MAX {
+        return Err(FormatError::invalid(WHAT, "header_len", format!("{len} bytes")));
+    }
+    let header = RecordHeader::decode(r.take(len)?)?;
+    Ok(SummaryEntry { unit, header })
+}
+
 /// Decodes a summary of `record_count` entries, checking it against `summary_crc`, and each
 /// header against its own crc. Entries must be in increasing unit order.
 pub fn decode(bytes: &[u8], record_count: u32, summary_crc: u32) -> Result<Vec<SummaryEntry>, FormatError> {
@@ -50,12 +66,7 @@ pub fn decode(bytes: &[u8], record_count: u32, summary_crc: u32) -> Result<Vec<S
     let mut entries = Vec::with_capacity(record_count as usize);
     let mut next_unit = 1u32;
     for _ in 0..record_count {
-        let unit = r.u32()?;
-        let len = r.u32()? as usize;
-        if len > HEADER_BYTES_MAX {
-            return Err(FormatError::invalid(WHAT, "header_len", format!("{len} bytes")));
-        }
-        let header = RecordHeader::decode(r.take(len)?)?;
+        let SummaryEntry { unit, header } = read_entry(&mut r)?;
         if unit < next_unit {
             return Err(FormatError::invalid(
                 WHAT,

@@ -1237,15 +1237,17 @@ fn a_process_crash_inside_a_split_record_keeps_the_value_before_it() {
 /// A process killed while a buffered write of a record was copying it into the page cache:
 /// the record's header and the start of its payload were there, the rest not, and recovery took
 /// it for damage and made the key a miss, losing the value before it. On a device whose writes
-/// can be cut short, a record's first unit is now written last, once the rest is there.
+/// can be cut short, a record's first unit is now written last, once the rest is there (behind
+/// a pending unit).
 #[test]
 fn a_process_killed_in_a_buffered_write_keeps_the_value_before_it() {
-    for cut in [1, 2, 5] {
+    // The put's writes, one part at a time: its pending unit, the rest, then its header.
+    for (at, cut) in [(0, 1), (1, 1), (1, 2), (1, 5), (2, 0)] {
         let ops = vec![
             Op::Put { key: 7, value: (0, 0), synced: true },
             Op::CrashDuring {
                 op: Box::new(Op::Put { key: 7, value: (1, 30000), synced: false }),
-                at: 0,
+                at,
                 mode: CrashMode::KeepAll,
                 slots: 0,
                 cut,

@@ -71,9 +71,10 @@ pub struct Capabilities {
     /// Whether reads and writes bypass the page cache.
     pub direct_io: bool,
     /// Whether a write reaches the device whole even if the process is killed while it is under
-    /// way. A direct write does: the kernel has handed its requests to the device and completes
-    /// them whatever becomes of the process. A buffered write does not: copying into the page
-    /// cache stops at the next page once the process has a fatal signal, leaving a prefix. The
+    /// way. A direct write does: the kernel pins its buffers (the engine's, just written and
+    /// resident) and hands its requests to the device, and completes them whatever becomes of
+    /// the process. A buffered write does not: copying into the page cache stops at the next
+    /// page once the process has a fatal signal, leaving a prefix. The
     /// log writer relies on this to keep a process crash from leaving a record that begins and
     /// does not check out ([`crate::writer`]).
     pub whole_writes: bool,

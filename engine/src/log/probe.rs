@@ -2,7 +2,7 @@
 //! anything can still say (its header, or the header's echo at the end of its first unit), and
 //! whether any trace of the segment use is left past the last intact record.
 
-use kvhoard_format::record::{echo_of, RecordHeader, MAGIC};
+use kvhoard_format::record::{echo_of, Pending, RecordHeader, MAGIC};
 use kvhoard_format::UNIT_BYTES;
 
 use crate::buffer::AlignedBuf;
@@ -24,6 +24,14 @@ pub(crate) enum Found {
         /// The unit.
         unit: u32,
     },
+    /// The [`Pending`] unit of a record of this use that never happened ([`pending_of_use`]):
+    /// not evidence of a lost record, but bytes of this use that appends must not go in front of.
+    Pending {
+        /// The unit.
+        unit: u32,
+        /// Units it and the rest of its record take.
+        units: u32,
+    },
 }
 
 /// Whether a unit starts with a record header that names segment use `seq`, judged by magic and
@@ -32,6 +40,13 @@ pub(crate) fn record_of_use(unit: &[u8], seq: u64) -> bool {
     let magic = unit.get(..4) == Some(&MAGIC[..]);
     let field = unit.get(16..24).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
     magic && field == Some(seq)
+}
+
+/// Units to step over if `unit` is the [`Pending`] unit of a record of use `seq` whose rest was
+/// being written when the writer stopped (and that fits in `max_units`): that rest is payload
+/// of a record that never happened, not headers to read.
+pub(crate) fn pending_of_use(unit: &[u8], seq: u64, max_units: u32) -> Option<u32> {
+    Pending::decode(unit).filter(|p| p.segment_seq == seq && p.units >= 1 && p.units <= max_units).map(|p| p.units)
 }
 
 /// The record that starts with `unit0` (the unit's bytes; a longer header is read from `dev` at
@@ -66,7 +81,7 @@ pub(crate) fn identify(
 
 /// Every record of use `seq` that can still be identified, and every trace of one that cannot,
 /// from `from` up to (not including) `last`, walking unit by unit and skipping over the records
-/// it identifies.
+/// it identifies and the pending records' rests ([`pending_of_use`]).
 pub(crate) fn look_past(
     dev: &dyn BlockDevice,
     base: u64,
@@ -87,7 +102,10 @@ pub(crate) fn look_past(
             let at = (unit - chunk_start) as usize * unit_bytes;
             let bytes = buf.get(at..at + unit_bytes).unwrap_or_default();
             let offset = base + u64::from(unit) * UNIT_BYTES;
-            if let Some((_, units)) = identify(dev, offset, bytes, Some(seq), last - unit)? {
+            if let Some(units) = pending_of_use(bytes, seq, last - unit) {
+                found.push(Found::Pending { unit, units });
+                unit += units;
+            } else if let Some((_, units)) = identify(dev, offset, bytes, Some(seq), last - unit)? {
                 found.push(Found::Record { unit, units });
                 unit += units;
             } else {

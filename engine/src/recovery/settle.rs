@@ -23,8 +23,12 @@
 //! the scan goes on after it. Where a record of this use was but nothing names it (its header
 //! and echo both damaged, their magic and seq still there), a `Lost` entry voids every key whose
 //! newest record comes before it. A hole with no trace of this use is a write that never
-//! happened (a failed write leaves one; acknowledgements are in log order, so nothing after it
-//! was acknowledged), and what follows it is dropped like a torn tail. A record destroyed so
+//! happened (a failed write leaves one, and so does a write the crash cut short, which leaves
+//! nothing or a pending unit, [`kvhoard_format::record::Pending`], whose record's rest is
+//! stepped over, not read for headers; acknowledgements are in log order, so nothing after it
+//! was acknowledged), and what follows it is dropped like a torn tail. A seal whose trailer is
+//! missing is recognised by its summary's first entry, so that its entries, which are headers
+//! of this use, are not read as traces either. A record destroyed so
 //! thoroughly that no trace is left cannot be told from such a hole. The segment is sealed after
 //! the evidence, so a crash during recovery finds it again.
 
@@ -54,6 +58,30 @@ pub(crate) struct Settled {
     pub stop: Option<String>,
     /// Entries written in place of records (tombstones and lost markers).
     pub discarded: u64,
+}
+
+/// Whether the bytes at `chain_end` begin the summary a seal writes after `entries` (its first
+/// entry, the first record's, whose header must decode and equal it): a seal whose trailer did
+/// not reach the device (a crash between the two writes, or one that cut the summary's write).
+/// Record bytes cannot pass for it: a record starts with its header's magic, an entry with the
+/// record's unit.
+fn seal_begun(
+    dev: &dyn BlockDevice,
+    base: u64,
+    chain_end: u32,
+    last: u32,
+    entries: &[SummaryEntry],
+) -> Result<bool, DeviceError> {
+    let Some(first) = entries.first() else { return Ok(false) };
+    let entry_len = summary::entry_bytes(first.header.encoded_len());
+    let units = crate::log::units_for(entry_len);
+    if u64::from(chain_end) + units > u64::from(last) {
+        return Ok(false);
+    }
+    let mut buf = crate::AlignedBuf::zeroed((units * UNIT_BYTES) as usize);
+    dev.read_at(&mut buf, base + u64::from(chain_end) * UNIT_BYTES)?;
+    let Ok(found) = summary::decode_first(&buf) else { return Ok(false) };
+    Ok(found == *first)
 }
 
 /// Settles segment `index` (use `seq`) from its records. `trust_writes`: the writer stopped
@@ -100,6 +128,15 @@ pub(crate) fn settle(
     if settled.stop.is_none() {
         return Ok(settled);
     }
+    if seal_begun(dev, base, chain_end, last, &settled.entries)? {
+        // The summary's entries are record headers of this use: walked as units, one that
+        // begins a unit and names a record longer than what is left would read as a trace of
+        // a record nothing names, and void every key before it. Nothing else of this use lies
+        // past it (the seal is written after every record), so the segment is sealed again there.
+        settled.clean_end = false;
+        settled.stop = Some("sealed, but the seal's trailer is missing".into());
+        return Ok(settled);
+    }
     let past = look_past(dev, base, chain_end, last, seq)?;
     if past.is_empty() {
         // A clean end: what follows was never written in this use.
@@ -114,11 +151,12 @@ pub(crate) fn settle(
     // the newest version or the deletion of any key written before it.
     let Some(lost_at) = past.iter().find_map(|f| match f {
         Found::Trace { unit } => Some(*unit),
-        Found::Record { .. } => None,
+        Found::Record { .. } | Found::Pending { .. } => None,
     }) else {
-        // Only intact records past a hole: the hole is a write that never happened (a failed
-        // write leaves one), so nothing after it was acknowledged; they are dropped as a torn
-        // tail is.
+        // Only intact records and records that never happened past a hole: the hole is a
+        // write that never happened (a failed write leaves one, and a write the crash cut
+        // short a pending unit or nothing), so nothing after it was acknowledged; they are
+        // dropped as a torn tail is.
         return Ok(settled);
     };
     tracing::error!(

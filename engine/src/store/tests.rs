@@ -1681,3 +1681,98 @@ fn two_puts_of_the_same_new_bytes_at_once_store_them_once() {
         assert_eq!(get(&s, &format!("a{round}")), get(&s, &format!("b{round}")));
     }
 }
+
+/// A seal writes the segment's summary, then its trailer. A crash between the two leaves the
+/// summary after the records and no trailer, so recovery scans the segment and walks past its
+/// records into the summary, whose entries are record headers of this use. Where an entry's
+/// header began a unit and named a record longer than what is left of the segment, recovery
+/// took it for a damaged record nothing names and voided every key written before it.
+#[test]
+fn a_seal_without_its_trailer_loses_no_key() {
+    let (dev, s) = mem_store(4);
+    // A first record tells how long a header is besides its key.
+    s.put("default", "f0", &block(0, 100), &synced()).unwrap();
+    let at = s.get("default", "f0", ReadOptions::default()).unwrap().unwrap().meta.location;
+    let mut unit = crate::AlignedBuf::zeroed(4096);
+    dev.read_at(&mut unit, s.superblock().unit_offset(at.segment, at.unit)).unwrap();
+    let rest = kvhoard_format::record::RecordHeader::decode(&unit).unwrap().encoded_len() - 2;
+    // An entry: unit and length (8 bytes), and the record's header.
+    let summary_entry = |key_len: usize| kvhoard_format::summary::entry_bytes(rest + key_len);
+    // Fill the summary's first unit with entries so that the next entry's header starts the
+    // second unit: they end 8 bytes before the boundary.
+    let target = kvhoard_format::UNIT_BYTES as usize - 8;
+    let mut keys = vec!["f0".to_string()];
+    let mut used = summary_entry(2);
+    while used < target {
+        let left = target - used;
+        let len = if left >= 2 * summary_entry(200) { 200 } else { left - summary_entry(0) };
+        let key: String = format!("f{}-", keys.len()).chars().chain(std::iter::repeat('x')).take(len).collect();
+        used += summary_entry(key.len());
+        s.put("default", &key, &block(keys.len() as u64, 100), &synced()).unwrap();
+        keys.push(key);
+    }
+    assert_eq!(used, target, "the entries end 8 bytes before the unit boundary");
+    // The record that entry names spans more units than the segment has left after the summary.
+    let big = block(99, 600_000);
+    s.put("default", "t", &big, &synced()).unwrap();
+    let segment = s.get("default", "t", ReadOptions::default()).unwrap().unwrap().meta.location.segment;
+    // Filling the segment seals it; the next segment takes the rest.
+    s.put("default", "next", &block(100, 500_000), &synced()).unwrap();
+    assert_ne!(s.get("default", "next", ReadOptions::default()).unwrap().unwrap().meta.location.segment, segment);
+    let sb = s.superblock().clone();
+    drop(s);
+    // The trailer never written: the last unit as it was before the seal (zeros).
+    let crashed = Arc::new(dev.crash(CrashMode::KeepAll));
+    crashed.write_at(&crate::AlignedBuf::zeroed(4096), sb.unit_offset(segment, sb.segment_units() - 1)).unwrap();
+    crashed.sync().unwrap();
+    let report =
+        crate::check::check_device(&*crashed, crate::check::ScanOptions { deep: true, summaries_only: false }).unwrap();
+    let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
+    assert!(errors.is_empty(), "fsck: {errors:?}");
+    let s = Store::open_on(crashed, StoreOptions::default()).unwrap();
+    assert_eq!(s.recovery_report().keys_voided, 0);
+    assert_eq!(s.recovery_report().records_discarded, 0);
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(get(&s, key), Some(block(i as u64, 100)), "{key}");
+    }
+    assert_eq!(get(&s, "t"), Some(big));
+}
+
+/// Through the page cache, a record's rest is written behind a pending unit and its header
+/// after. A process killed in between leaves the pending unit and the rest: recovery steps over
+/// that rest as a record that never happened. Read for headers instead, a payload unit that
+/// begins like a header of this segment use (magic and seq) and does not decode would count as
+/// a record nothing names, and every key written before it would become a miss.
+#[test]
+fn a_record_killed_before_its_header_is_stepped_over_whatever_its_payload_holds() {
+    let dev = Arc::new(MemDevice::new(SEG * 6).cut_writes());
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Store::create_on(dev.clone(), &create, StoreOptions::default()).unwrap();
+    let early = block(1, 50_000);
+    s.put("default", "early", &early, &synced()).unwrap();
+    // The segment use's seq, from the record just written.
+    let at = s.get("default", "early", ReadOptions::default()).unwrap().unwrap().meta.location;
+    let mut unit = crate::AlignedBuf::zeroed(4096);
+    dev.read_at(&mut unit, s.superblock().unit_offset(at.segment, at.unit)).unwrap();
+    let seq = kvhoard_format::record::RecordHeader::decode(&unit).unwrap().segment_seq;
+    // A payload whose units each begin like a damaged header of this use.
+    let mut hostile = block(2, 5 * 4096);
+    for chunk in hostile.chunks_mut(4096) {
+        chunk[..4].copy_from_slice(&kvhoard_format::record::MAGIC);
+        chunk[16..24].copy_from_slice(&seq.to_le_bytes());
+    }
+    // Writes of the put: its pending unit and its rest (one write, two parts), then its header.
+    dev.mark_after(2);
+    let written = PutOptions { durability: Durability::Written, ..PutOptions::default() };
+    s.put("default", "hostile", &hostile, &written).unwrap();
+    let crashed = Arc::new(dev.crash_at_mark(CrashMode::KeepAll));
+    drop(s);
+    let report =
+        crate::check::check_device(&*crashed, crate::check::ScanOptions { deep: true, summaries_only: false }).unwrap();
+    let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
+    assert!(errors.is_empty(), "fsck: {errors:?}");
+    let s = Store::open_on(crashed, StoreOptions::default()).unwrap();
+    assert_eq!(s.recovery_report().records_discarded, 0, "nothing taken for a lost record");
+    assert_eq!(get(&s, "early"), Some(early));
+    assert_eq!(get(&s, "hostile"), None, "its header was never written");
+}

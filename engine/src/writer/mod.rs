@@ -66,7 +66,8 @@ impl Default for WriterConfig {
 /// Writes in flight at most, whatever their size (the device queue's depth).
 const MAX_WRITES_IN_FLIGHT: usize = 256;
 
-/// Records in one write at most (an iovec each).
+/// Records in one write at most (an iovec each, two for a record whose first unit is written
+/// last: its pending unit and the rest).
 const MAX_RECORDS_PER_WRITE: usize = 64;
 
 /// A reserved record on its way to the device.

@@ -7,6 +7,9 @@ use std::thread::JoinHandle;
 
 use super::handoff::Handoff;
 use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_WRITES_IN_FLIGHT};
+use kvhoard_format::record::Pending;
+
+use crate::buffer::AlignedBuf;
 use crate::device::{DeviceError, Immediate, WriteQueue};
 use crate::error::Result;
 use crate::log::Log;
@@ -29,12 +32,15 @@ struct Slot {
     remaining: u32,
     error: Option<DeviceError>,
     /// The first unit (header and the header's echo) of a record split over several writes, or
-    /// written as zeros on a device whose writes a process crash can cut short
-    /// ([`Flights::cut`]), started only once every other piece has completed: until then nothing
-    /// on the device names the record, so a crash in between leaves a hole, never a record that
-    /// begins and does not check out (which recovery, after a process crash, must take for
-    /// damage).
+    /// of any record of more than one unit on a device whose writes a process crash can cut
+    /// short ([`Flights::cut`]), started only once every other piece has completed: until then
+    /// nothing on the device names the record, so a crash in between leaves a record that never
+    /// happened, never one that begins and does not check out (which recovery, after a process
+    /// crash, must take for damage).
     head: Option<Request>,
+    /// What the record's own write carries in place of its first unit, when that unit is
+    /// written last on a device whose writes can be cut short ([`Flights::cut`]).
+    pending: Option<AlignedBuf>,
 }
 
 /// One write being built: consecutive records of one segment, or a piece of one record.
@@ -56,13 +62,12 @@ struct Flights {
     queued: VecDeque<Request>,
     /// Each write in flight: the records it carries and the bytes it counts in `bytes`.
     writes: HashMap<u64, (Vec<u64>, usize)>,
-    /// Bytes of the records taken and not yet written, queued or in flight (split records' first
-    /// units aside: [`Request::head`]).
+    /// Bytes of the records taken and not yet written, queued or in flight: a first unit written
+    /// last ([`Request::head`]) counts once, in the write that carries the rest of its record
+    /// (as the pending unit in its place) or not at all (a split record's).
     bytes: u64,
     next_record: u64,
     next_write: u64,
-    /// One unit of zeros, written in place of a record's first unit that waits for the rest.
-    zeros: crate::AlignedBuf,
 }
 
 /// If the writer thread unwinds, nothing would ever complete the records handed to it: the log
@@ -92,7 +97,6 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
         bytes: 0,
         next_record: 0,
         next_write: 0,
-        zeros: crate::AlignedBuf::zeroed(kvhoard_format::UNIT_BYTES as usize),
     };
     // Declared after `flights`, whose buffers the kernel reads, so that it is dropped first:
     // dropping a queue waits for every write in flight.
@@ -139,10 +143,10 @@ impl Flights {
     ///
     /// Where the device's writes may be cut short by a process crash (buffered I/O,
     /// [`crate::device::Capabilities::whole_writes`]), a record of more than one unit goes in its
-    /// write with zeros in place of its first unit, and the first unit follows once that write
-    /// completed: a write cut short then leaves a hole (zeros name no record), never a record
-    /// that begins and does not check out. A one-unit record is one page, which the page cache
-    /// takes whole.
+    /// write (joined with its neighbours, as any other) with a [`Pending`] unit in place of its
+    /// first unit, and the first unit follows once that write completed: a write cut short then
+    /// leaves a record that never happened, never one that begins and does not check out. A
+    /// one-unit record is one page, which the page cache takes whole.
     fn cut(&mut self, mut jobs: Vec<WriteJob>, config: WriterConfig, whole_writes: bool, log: &Log) {
         // Puts hand their records over in the order they get to it, not in log order: sorted,
         // records that follow one another on the device are next to each other, and join.
@@ -159,9 +163,10 @@ impl Flights {
             self.next_record += 1;
             let len = job.buf.len();
             let offset = log.sb.unit_offset(job.loc.segment, job.loc.unit);
-            let first_unit = Request { offset, parts: vec![(id, 0..unit)], bytes: unit, head: true };
+            let first_unit = || Request { offset, parts: vec![(id, 0..unit)], bytes: unit, head: true };
             // Writes of the record before its first unit (if that is written last).
             let mut writes = 0;
+            let mut pending = None;
             let head = if len > split + unit {
                 // Split: the pieces after the first unit now, the first unit when they are done.
                 // (A record of `split_bytes` of payload is one write with its header unit, not a
@@ -179,7 +184,7 @@ impl Flights {
                     at += n;
                     writes += 1;
                 }
-                Some(first_unit)
+                Some(first_unit())
             } else {
                 let follows = tail == Some((job.loc.segment, job.loc.unit));
                 match out.back_mut() {
@@ -191,11 +196,16 @@ impl Flights {
                 }
                 self.bytes += len as u64;
                 writes += 1;
-                (!whole_writes && len > unit).then_some(first_unit)
+                (!whole_writes && len > unit).then(|| {
+                    let mut mark = AlignedBuf::zeroed(unit);
+                    Pending { segment_seq: job.seq, units: job.units() }.encode_into(&mut mark);
+                    pending = Some(mark);
+                    first_unit()
+                })
             };
             tail = Some((job.loc.segment, job.loc.unit + job.units()));
             let remaining = writes + u32::from(head.is_some());
-            self.slots.insert(id, Slot { job, remaining, error: None, head });
+            self.slots.insert(id, Slot { job, remaining, error: None, head, pending });
         }
     }
 
@@ -212,12 +222,14 @@ impl Flights {
                 parts = None;
                 break;
             };
-            // A record whose first unit waits for this write ([`Flights::cut`]): zeros in its place.
-            let from = if range.start == 0 && slot.head.is_some() {
-                list.push(&self.zeros);
-                unit
-            } else {
-                range.start
+            // A record whose first unit waits for this write ([`Flights::cut`]): its pending
+            // unit in that unit's place.
+            let from = match &slot.pending {
+                Some(mark) if range.start == 0 && !request.head => {
+                    list.push(mark);
+                    unit
+                }
+                _ => range.start,
             };
             match slot.job.buf.get(from..range.end) {
                 Some(bytes) => list.push(bytes),
@@ -232,10 +244,9 @@ impl Flights {
             let e = DeviceError::Io { op: "write", offset: request.offset, len: request.bytes as u64, source: why };
             return self.complete(token, Err(e), log, failed);
         };
-        // SAFETY: every part is a range of a record buffer held (by an Arc in its slot) until
-        // the write's completion has been handled, or `zeros`; record buffers are not changed
-        // after reservation, `zeros` never; the queue is dropped before the slots and `zeros`
-        // (see `run`).
+        // SAFETY: every part is a range of a record buffer held (by an Arc in its slot) or the
+        // slot's pending unit, both kept until the record's last write has completed and not
+        // changed after `cut`; the queue is dropped before the slots (see `run`).
         let started = unsafe { queue.submit(token, &parts, request.offset) };
         if let Err(e) = started {
             self.complete(token, Err(e), log, failed);
