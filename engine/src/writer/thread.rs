@@ -5,10 +5,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::handoff::Handoff;
-use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_WRITES_IN_FLIGHT};
 use kvhoard_format::record::Pending;
 
+use super::handoff::Handoff;
+use super::{WriteJob, WriterConfig, MAX_RECORDS_PER_WRITE, MAX_WRITES_IN_FLIGHT};
 use crate::buffer::AlignedBuf;
 use crate::device::{DeviceError, Immediate, WriteQueue};
 use crate::error::Result;
