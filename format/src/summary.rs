@@ -33,10 +33,19 @@ pub fn entry_bytes(header_len: usize) -> usize {
     8 + header_len
 }
 
-/// Decodes the first entry of what may be a summary whose trailer is missing (so with no count
-/// or crc to check it against): recovery's test for a seal that did not complete.
-pub fn decode_first(bytes: &[u8]) -> Result<SummaryEntry, FormatError> {
-    read_entry(&mut Reader::new(WHAT, bytes))
+/// Decodes the entries of what may be a summary whose trailer is missing (so with no count or
+/// crc to check it against), as far as they decode in increasing unit order, each with the
+/// offset of the byte after it: recovery's reading of a seal that did not complete.
+pub fn decode_prefix(bytes: &[u8]) -> Vec<(SummaryEntry, usize)> {
+    let mut r = Reader::new(WHAT, bytes);
+    let mut out: Vec<(SummaryEntry, usize)> = Vec::new();
+    while let Ok(e) = read_entry(&mut r) {
+        if out.last().is_some_and(|(prev, _)| e.unit <= prev.unit) {
+            break;
+        }
+        out.push((e, r.position()));
+    }
+    out
 }
 
 fn read_entry(r: &mut Reader<'_>) -> Result<SummaryEntry, FormatError> {

@@ -24,13 +24,6 @@ pub const SEGMENT_BYTES_MAX: u64 = (1 << 32) - UNIT_BYTES;
 /// A volume needs one segment to write into and one to reclaim.
 pub const SEGMENT_COUNT_MIN: u32 = 2;
 
-/// `flags` bit: `freed_ahead` is set. Builds from before that field decode it as reserved zeros,
-/// would open the volume without voiding what it says to void and write zeros over it; they
-/// refuse any flag they do not know, so this one keeps them off such a volume.
-pub const FLAG_FREED_AHEAD: u32 = 1;
-/// Every `flags` bit this build knows; a copy with another is refused.
-const KNOWN_FLAGS: u32 = FLAG_FREED_AHEAD;
-
 const WHAT: &str = "superblock";
 const CRC_OFFSET: usize = 120;
 
@@ -126,7 +119,7 @@ impl Superblock {
         w.u64(self.capacity_bytes);
         w.u64(self.segment_size_bytes);
         w.u32(self.segment_count);
-        w.u32(if self.freed_ahead == FreedAhead::default() { 0 } else { FLAG_FREED_AHEAD });
+        w.u32(0); // flags: none defined in version 1
         w.u64(self.data_offset);
         w.u64(self.checkpoint_offset);
         w.u64(self.checkpoint_slot_bytes);
@@ -163,17 +156,8 @@ impl Superblock {
         let checkpoint_offset = r.u64()?;
         let checkpoint_slot_bytes = r.u64()?;
         let freed_ahead = FreedAhead { seq: r.u64()?, checkpoint_seq: r.u64()? };
-        // The flag follows from `freed_ahead` and is not kept: a copy without it and with
-        // `freed_ahead` set was written by the build that added the field, before the flag.
-        if flags & !KNOWN_FLAGS != 0 {
-            return Err(FormatError::invalid(
-                WHAT,
-                "flags",
-                format!(
-                    "unknown flags {:#x}: written by a newer build of kvhoard; open it with that build",
-                    flags & !KNOWN_FLAGS
-                ),
-            ));
+        if flags != 0 {
+            return Err(FormatError::invalid(WHAT, "flags", format!("unknown flags {flags:#x}")));
         }
         let sb = Superblock {
             copy,
@@ -283,7 +267,6 @@ mod tests {
         assert_eq!(&enc[40..48], &(1u64 << 30).to_le_bytes());
         assert_eq!(&enc[48..56], &(64u64 << 20).to_le_bytes());
         assert_eq!(&enc[56..60], &15u32.to_le_bytes());
-        assert_eq!(&enc[60..64], &FLAG_FREED_AHEAD.to_le_bytes());
         assert_eq!(&enc[64..72], &(1u64 << 20).to_le_bytes());
         assert_eq!(&enc[88..96], &41u64.to_le_bytes());
         assert_eq!(&enc[96..104], &9u64.to_le_bytes());
@@ -308,27 +291,6 @@ mod tests {
         assert!(!f.voids_from(Some(10)));
         assert_eq!(f.and(7, 12), FreedAhead { seq: 41, checkpoint_seq: 12 });
         assert_eq!(f.and(50, 3), FreedAhead { seq: 50, checkpoint_seq: 9 });
-    }
-
-    /// A build from before `freed_ahead` refuses any flag; this one refuses only flags it does
-    /// not know, and reads a copy without the flag (written before it) as it is.
-    #[test]
-    fn freed_ahead_sets_a_flag_that_older_builds_refuse() {
-        let mut sb = sample();
-        let enc = sb.encode(0);
-        assert_ne!(u32::from_le_bytes(enc[60..64].try_into().unwrap()), 0, "an older build refuses it");
-        sb.freed_ahead = FreedAhead::default();
-        assert_eq!(&sb.encode(0)[60..64], &[0; 4], "nothing freed ahead: older builds open it");
-        let with_flags = |flags: u32| {
-            let mut enc = sample().encode(0);
-            enc[60..64].copy_from_slice(&flags.to_le_bytes());
-            let crc = crc32c::crc32c(&enc[..120]);
-            enc[120..124].copy_from_slice(&crc.to_le_bytes());
-            Superblock::decode(&enc)
-        };
-        assert_eq!(with_flags(0).unwrap().freed_ahead, sample().freed_ahead, "written before the flag");
-        let err = with_flags(FLAG_FREED_AHEAD | 4).unwrap_err().to_string();
-        assert!(err.contains("unknown flags 0x4") && err.contains("newer build"), "{err}");
     }
 
     #[test]

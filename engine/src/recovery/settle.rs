@@ -60,28 +60,52 @@ pub(crate) struct Settled {
     pub discarded: u64,
 }
 
-/// Whether the bytes at `chain_end` begin the summary a seal writes after `entries` (its first
-/// entry, the first record's, whose header must decode and equal it): a seal whose trailer did
-/// not reach the device (a crash between the two writes, or one that cut the summary's write).
-/// Record bytes cannot pass for it: a record starts with its header's magic, an entry with the
-/// record's unit.
-fn seal_begun(
+/// A seal whose summary reached the device and whose trailer did not (a crash between the two
+/// writes, or one that cut the summary's write short), found at the end of the records.
+struct BegunSeal {
+    /// First unit after the summary's entries that still decode.
+    end_unit: u32,
+    /// Its entries at or past the end of the records: what a recovery's seal carried there (a
+    /// lost entry, placed where a record nothing names was). Evidence to keep.
+    carried: Vec<SummaryEntry>,
+}
+
+/// Units of summary read at most beyond what `entries` take: room for what a recovery's seal
+/// carries besides them (lost entries, a few headers).
+const CARRIED_SLACK_BYTES: usize = 64 << 10;
+
+/// The seal begun at `chain_end`, if the bytes there are a summary of use `seq` whose first
+/// entry is the segment's first record (`entries[0]`: the same unit, use, namespace and key; its
+/// kind may differ, where recovery wrote a tombstone in its place). Record bytes cannot pass for
+/// one: a record starts with its header's magic, an entry with a unit number.
+fn begun_seal(
     dev: &dyn BlockDevice,
     base: u64,
     chain_end: u32,
     last: u32,
+    seq: u64,
     entries: &[SummaryEntry],
-) -> Result<bool, DeviceError> {
-    let Some(first) = entries.first() else { return Ok(false) };
-    let entry_len = summary::entry_bytes(first.header.encoded_len());
-    let units = crate::log::units_for(entry_len);
-    if u64::from(chain_end) + units > u64::from(last) {
-        return Ok(false);
-    }
+) -> Result<Option<BegunSeal>, DeviceError> {
+    let Some(first) = entries.first() else { return Ok(None) };
+    let expected: usize = entries.iter().map(|e| summary::entry_bytes(e.header.encoded_len())).sum();
+    let units = crate::log::units_for(expected + CARRIED_SLACK_BYTES).min(u64::from(last - chain_end));
     let mut buf = crate::AlignedBuf::zeroed((units * UNIT_BYTES) as usize);
     dev.read_at(&mut buf, base + u64::from(chain_end) * UNIT_BYTES)?;
-    let Ok(found) = summary::decode_first(&buf) else { return Ok(false) };
-    Ok(found == *first)
+    let mut decoded = summary::decode_prefix(&buf).into_iter().take_while(|(e, _)| e.header.segment_seq == seq);
+    let Some((head, mut end)) = decoded.next() else { return Ok(None) };
+    let same = |a: &RecordHeader, b: &RecordHeader| a.namespace == b.namespace && a.key == b.key;
+    if head.unit != first.unit || !same(&head.header, &first.header) {
+        return Ok(None);
+    }
+    let mut carried = Vec::new();
+    for (e, at) in decoded {
+        end = at;
+        if e.unit >= chain_end {
+            carried.push(e);
+        }
+    }
+    let end_unit = chain_end + crate::log::units_for(end) as u32;
+    Ok(Some(BegunSeal { end_unit, carried }))
 }
 
 /// Settles segment `index` (use `seq`) from its records. `trust_writes`: the writer stopped
@@ -128,21 +152,27 @@ pub(crate) fn settle(
     if settled.stop.is_none() {
         return Ok(settled);
     }
-    if seal_begun(dev, base, chain_end, last, &settled.entries)? {
-        // The summary's entries are record headers of this use: walked as units, one that
-        // begins a unit and names a record longer than what is left would read as a trace of
-        // a record nothing names, and void every key before it. Nothing else of this use lies
-        // past it (the seal is written after every record), so the segment is sealed again there.
-        settled.clean_end = false;
-        settled.stop = Some("sealed, but the seal's trailer is missing".into());
-        return Ok(settled);
-    }
-    let past = look_past(dev, base, chain_end, last, seq)?;
-    if past.is_empty() {
+    // A seal begun at the end of the records: its entries are record headers of this use, and
+    // walked as units one that begins a unit and names a record longer than what is left would
+    // read as a trace of a record nothing names. What it carried past the records is kept, and
+    // what lies past it is looked at as past any other end. It is sealed again where it was.
+    let begun = begun_seal(dev, base, chain_end, last, seq, &settled.entries)?;
+    let past = look_past(dev, base, begun.as_ref().map_or(chain_end, |b| b.end_unit), last, seq)?;
+    if past.is_empty() && begun.is_none() {
         // A clean end: what follows was never written in this use.
         return Ok(settled);
     }
     settled.clean_end = false;
+    if let Some(begun) = &begun {
+        settled.stop = Some("sealed, but the seal's trailer is missing".into());
+        for e in &begun.carried {
+            if settled.entries.iter().all(|x| x.unit != e.unit) {
+                settled.entries.push(e.clone());
+                settled.discarded += 1;
+            }
+        }
+        settled.entries.sort_by_key(|e| e.unit);
+    }
     if !trust_writes {
         // A torn tail after a power loss: the records past it were never acknowledged as synced.
         return Ok(settled);
@@ -164,14 +194,17 @@ pub(crate) fn settle(
         unit = lost_at,
         "a damaged record names no key; every key written before it becomes a miss"
     );
-    settled.entries.push(SummaryEntry { unit: lost_at, header: lost(seq) });
-    settled.discarded += 1;
+    if settled.entries.iter().all(|x| x.unit != lost_at) {
+        settled.entries.push(SummaryEntry { unit: lost_at, header: lost(seq) });
+        settled.discarded += 1;
+    }
     let evidence_end = lost_at + 1;
     settled.entries.sort_by_key(|e| e.unit);
     // Seal after the evidence if the summary fits there, so that a crash while sealing finds it
-    // again; otherwise at the end of the intact records (the summary then carries the evidence).
+    // again; otherwise at the end of the intact records (the summary then carries the evidence,
+    // and a crash before its trailer leaves a begun seal that carries it).
     let summary_bytes: usize = settled.entries.iter().map(|e| summary::entry_bytes(e.header.encoded_len())).sum();
-    if u64::from(evidence_end) + crate::log::units_for(summary_bytes) < u64::from(last) {
+    if begun.is_none() && u64::from(evidence_end) + crate::log::units_for(summary_bytes) < u64::from(last) {
         settled.seal_unit = evidence_end;
     }
     Ok(settled)

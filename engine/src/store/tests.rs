@@ -1776,3 +1776,44 @@ fn a_record_killed_before_its_header_is_stepped_over_whatever_its_payload_holds(
     assert_eq!(get(&s, "early"), Some(early));
     assert_eq!(get(&s, "hostile"), None, "its header was never written");
 }
+
+/// Recovery that finds a record nothing names writes a lost entry in its place, in the summary it
+/// seals the segment with; where that summary does not fit after the evidence, it goes at the
+/// end of the intact records, over the evidence, and carries it. A crash before that seal's
+/// trailer leaves the summary and no trailer: the next recovery must keep the lost entry it
+/// carries, or the key the lost record may have written again would fall back to its older
+/// version.
+#[test]
+fn a_begun_seal_keeps_the_lost_entry_it_carries() {
+    let dev = Arc::new(MemDevice::new(SEG * 6));
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Store::create_on(dev.clone(), &create, StoreOptions::default()).unwrap();
+    s.put("default", "a", &block(1, 9_000), &synced()).unwrap();
+    let first = s.get("default", "a", ReadOptions::default()).unwrap().unwrap().meta.location;
+    assert_eq!(first.unit, 1, "the segment's first record");
+    s.put("default", "a", &block(2, 9_000), &synced()).unwrap();
+    let second = s.get("default", "a", ReadOptions::default()).unwrap().unwrap().meta.location;
+    assert_eq!(second.segment, first.segment);
+    let sb = s.superblock().clone();
+    drop(s);
+    let crashed = Arc::new(dev.crash(CrashMode::KeepAll));
+    let mut unit = crate::AlignedBuf::zeroed(4096);
+    crashed.read_at(&mut unit, sb.unit_offset(first.segment, first.unit)).unwrap();
+    let h1 = kvhoard_format::record::RecordHeader::decode(&unit).unwrap();
+    let seq = h1.segment_seq;
+    // Recovery's seal at the end of the intact records, carrying a lost entry where the second
+    // record was (its summary written over it), and its trailer lost.
+    let mut summary = Vec::new();
+    kvhoard_format::summary::encode_entry(&mut summary, first.unit, &h1.encode());
+    kvhoard_format::summary::encode_entry(&mut summary, second.unit, &crate::recovery::settle::lost(seq).encode());
+    crate::log::seal::write_seal(&*crashed, &sb, first.segment, seq, second.unit, &summary, 2).unwrap();
+    crashed.write_at(&crate::AlignedBuf::zeroed(4096), sb.unit_offset(first.segment, sb.segment_units() - 1)).unwrap();
+    // No checkpoint (nothing was freed ahead, so none is needed): what "a" is comes from the
+    // segment alone.
+    let slots = crate::AlignedBuf::zeroed(2 * sb.checkpoint_slot_bytes as usize);
+    crashed.write_at(&slots, sb.checkpoint_offset).unwrap();
+    crashed.sync().unwrap();
+    let s = Store::open_on(crashed, StoreOptions::default()).unwrap();
+    assert_eq!(get(&s, "a"), None, "a lost record may have written \"a\" again: never its older version");
+    drop(s);
+}

@@ -38,8 +38,8 @@ struct Slot {
     /// happened, never one that begins and does not check out (which recovery, after a process
     /// crash, must take for damage).
     head: Option<Request>,
-    /// What the record's own write carries in place of its first unit, when that unit is
-    /// written last on a device whose writes can be cut short ([`Flights::cut`]).
+    /// What the record's (first) write carries in place of its first unit, when that unit is
+    /// written last (`head`): it tells recovery how far the record it never got reaches.
     pending: Option<AlignedBuf>,
 }
 
@@ -63,8 +63,8 @@ struct Flights {
     /// Each write in flight: the records it carries and the bytes it counts in `bytes`.
     writes: HashMap<u64, (Vec<u64>, usize)>,
     /// Bytes of the records taken and not yet written, queued or in flight: a first unit written
-    /// last ([`Request::head`]) counts once, in the write that carries the rest of its record
-    /// (as the pending unit in its place) or not at all (a split record's).
+    /// last ([`Request::head`]) counts once, in the write that carries the pending unit in its
+    /// place.
     bytes: u64,
     next_record: u64,
     next_write: u64,
@@ -167,13 +167,20 @@ impl Flights {
             // Writes of the record before its first unit (if that is written last).
             let mut writes = 0;
             let mut pending = None;
+            let mut pending_unit = || {
+                let mut mark = AlignedBuf::zeroed(unit);
+                Pending { segment_seq: job.seq, units: job.units() }.encode_into(&mut mark);
+                pending = Some(mark);
+                first_unit()
+            };
             let head = if len > split + unit {
-                // Split: the pieces after the first unit now, the first unit when they are done.
-                // (A record of `split_bytes` of payload is one write with its header unit, not a
-                // full write and a lone unit after it.)
-                let mut at = unit;
+                // Split: the pieces now, the first one with the pending unit in the first unit's
+                // place (it is started first, so no later piece is on the device without it),
+                // and the first unit when they are done. (A record of `split_bytes` of payload is
+                // one write with its header unit, not a full write and a lone unit after it.)
+                let mut at = 0;
                 while at < len {
-                    let n = split.min(len - at);
+                    let n = if at == 0 { unit + split } else { split.min(len - at) };
                     out.push_back(Request {
                         offset: offset + at as u64,
                         parts: vec![(id, at..at + n)],
@@ -184,7 +191,7 @@ impl Flights {
                     at += n;
                     writes += 1;
                 }
-                Some(first_unit())
+                Some(pending_unit())
             } else {
                 let follows = tail == Some((job.loc.segment, job.loc.unit));
                 match out.back_mut() {
@@ -196,12 +203,7 @@ impl Flights {
                 }
                 self.bytes += len as u64;
                 writes += 1;
-                (!whole_writes && len > unit).then(|| {
-                    let mut mark = AlignedBuf::zeroed(unit);
-                    Pending { segment_seq: job.seq, units: job.units() }.encode_into(&mut mark);
-                    pending = Some(mark);
-                    first_unit()
-                })
+                (!whole_writes && len > unit).then(pending_unit)
             };
             tail = Some((job.loc.segment, job.loc.unit + job.units()));
             let remaining = writes + u32::from(head.is_some());
