@@ -28,7 +28,9 @@
 //! stepped over, not read for headers; acknowledgements are in log order, so nothing after it
 //! was acknowledged), and what follows it is dropped like a torn tail. A seal whose trailer is
 //! missing is recognised by its summary's first entry, so that its entries, which are headers
-//! of this use, are not read as traces either. A record destroyed so
+//! of this use, are not read as traces either: the lost entry it carries past the records, if
+//! any, is kept, what lies past it is looked at as past any other end, and the segment is sealed
+//! again where it was. A record destroyed so
 //! thoroughly that no trace is left cannot be told from such a hole. The segment is sealed after
 //! the evidence, so a crash during recovery finds it again.
 
@@ -65,8 +67,8 @@ pub(crate) struct Settled {
 struct BegunSeal {
     /// First unit after the summary's entries that still decode.
     end_unit: u32,
-    /// Its entries at or past the end of the records: what a recovery's seal carried there (a
-    /// lost entry, placed where a record nothing names was). Evidence to keep.
+    /// The lost entry it carries past the end of the records, placed by a recovery's seal where
+    /// a record nothing names was (at most one). Evidence to keep.
     carried: Vec<SummaryEntry>,
 }
 
@@ -97,11 +99,14 @@ fn begun_seal(
     if head.unit != first.unit || !same(&head.header, &first.header) {
         return Ok(None);
     }
+    // Recovery places only lost entries past the records: anything else there is not its own
+    // (bytes that happen to decode, or were made to) and is not replayed. One lost entry voids
+    // what any later one would, so the first is kept.
     let mut carried = Vec::new();
     for (e, at) in decoded {
         end = at;
-        if e.unit >= chain_end {
-            carried.push(e);
+        if e.unit >= chain_end && e.header.kind == RecordKind::Lost && carried.is_empty() {
+            carried.push(SummaryEntry { unit: e.unit, header: lost(seq) });
         }
     }
     let end_unit = chain_end + crate::log::units_for(end) as u32;

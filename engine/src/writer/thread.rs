@@ -141,12 +141,13 @@ impl Flights {
     /// Gives each job an id and slot, and cuts the jobs into writes queued to start: neighbours
     /// on the device joined, large records split.
     ///
-    /// Where the device's writes may be cut short by a process crash (buffered I/O,
-    /// [`crate::device::Capabilities::whole_writes`]), a record of more than one unit goes in its
-    /// write (joined with its neighbours, as any other) with a [`Pending`] unit in place of its
-    /// first unit, and the first unit follows once that write completed: a write cut short then
-    /// leaves a record that never happened, never one that begins and does not check out. A
-    /// one-unit record is one page, which the page cache takes whole.
+    /// A record split over several writes, and, where the device's writes may be cut short by a
+    /// process crash (buffered I/O, [`crate::device::Capabilities::whole_writes`]), any record
+    /// of more than one unit, goes out with a [`Pending`] unit in place of its first unit (in its
+    /// first write, joined with its neighbours as any other), and the first unit follows once
+    /// the rest completed: a crash in between leaves a record that never happened, never one
+    /// that begins and does not check out. A one-unit record is one page, which the page cache
+    /// takes whole.
     fn cut(&mut self, mut jobs: Vec<WriteJob>, config: WriterConfig, whole_writes: bool, log: &Log) {
         // Puts hand their records over in the order they get to it, not in log order: sorted,
         // records that follow one another on the device are next to each other, and join.
@@ -175,12 +176,15 @@ impl Flights {
             };
             let head = if len > split + unit {
                 // Split: the pieces now, the first one with the pending unit in the first unit's
-                // place (it is started first, so no later piece is on the device without it),
-                // and the first unit when they are done. (A record of `split_bytes` of payload is
-                // one write with its header unit, not a full write and a lone unit after it.)
+                // place, and the first unit when they are done. The first piece is submitted
+                // before the others, and a direct write once submitted completes whole, so no
+                // later piece is on the device without the pending unit; through the page cache,
+                // io_uring runs writes to one file in the order given. (A record of `split_bytes`
+                // of payload is one write with its header unit, not a full write and a lone unit
+                // after it.)
                 let mut at = 0;
                 while at < len {
-                    let n = if at == 0 { unit + split } else { split.min(len - at) };
+                    let n = split.min(len - at);
                     out.push_back(Request {
                         offset: offset + at as u64,
                         parts: vec![(id, at..at + n)],
