@@ -290,6 +290,17 @@ fn segment_problems(scan: &VolumeScan, seg: &SegmentScan, r: &mut Report) {
             format!("segment summary is damaged: {why}"),
             "its records were found by scanning the segment; repair writes the summary again",
         )),
+        SummaryState::Unsealed if seg.settled.as_ref().is_some_and(|s| s.seal_begun) => r.problems.push(problem(
+            Severity::Warning,
+            "seal_cut_short",
+            Some(seg.index),
+            Some(base + u64::from(seg.settled.as_ref().map_or(0, |s| s.chain_end)) * UNIT_BYTES),
+            format!(
+                "segment's seal was cut short (the volume was not closed cleanly): its summary follows its {} records, its trailer is missing",
+                seg.records.len()
+            ),
+            "the next open (or repair) writes the seal again; nothing acknowledged is lost",
+        )),
         SummaryState::Unsealed => r.problems.push(problem(
             Severity::Warning,
             "unsealed_segment",

@@ -304,12 +304,14 @@ fn scan_unsealed(
             Err(why) => {
                 seen_gap = true;
                 gap.get_or_insert((unit, why.clone()));
-                if let Some(rest) = pending_units(dev, base, unit, seq, units - 1 - unit)? {
+                let mut first = AlignedBuf::zeroed(UNIT_BYTES as usize);
+                dev.read_at(&mut first, base + u64::from(unit) * UNIT_BYTES)?;
+                if let Some(rest) = crate::log::probe::pending_of_use(&first, seq, units - 1 - unit) {
                     // A record that never happened: its payload is not read for headers.
                     unit += rest;
                     continue;
                 }
-                match header_only(dev, base, unit, seq)? {
+                match header_only(dev, base, unit, first, seq)? {
                     Some(h) if unit + ((h.record_bytes() / UNIT_BYTES) as u32).max(1) < units => {
                         let record_units = ((h.record_bytes() / UNIT_BYTES) as u32).max(1);
                         seg.records.push(ScannedRecord {
@@ -334,15 +336,15 @@ fn scan_unsealed(
     Ok(bytes)
 }
 
-fn pending_units(dev: &dyn BlockDevice, base: u64, unit: u32, seq: u64, max: u32) -> Result<Option<u32>, ScanError> {
-    let mut first = AlignedBuf::zeroed(UNIT_BYTES as usize);
-    dev.read_at(&mut first, base + u64::from(unit) * UNIT_BYTES)?;
-    Ok(crate::log::probe::pending_of_use(&first, seq, max))
-}
-
-fn header_only(dev: &dyn BlockDevice, base: u64, unit: u32, seq: u64) -> Result<Option<RecordHeader>, ScanError> {
-    let mut first = AlignedBuf::zeroed(UNIT_BYTES as usize);
-    dev.read_at(&mut first, base + u64::from(unit) * UNIT_BYTES)?;
+/// The header of the record at `unit` whose first unit is `first`, if it decodes and names use
+/// `seq` (its payload is not read).
+fn header_only(
+    dev: &dyn BlockDevice,
+    base: u64,
+    unit: u32,
+    first: AlignedBuf,
+    seq: u64,
+) -> Result<Option<RecordHeader>, ScanError> {
     let Ok(len) = RecordHeader::peek_len(&first) else { return Ok(None) };
     let mut head = first;
     if len as u64 > UNIT_BYTES {

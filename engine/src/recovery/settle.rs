@@ -60,6 +60,9 @@ pub(crate) struct Settled {
     pub stop: Option<String>,
     /// Entries written in place of records (tombstones and lost markers).
     pub discarded: u64,
+    /// A seal had begun at `chain_end` (its summary is there, its trailer is not): the segment
+    /// is sealed again there.
+    pub seal_begun: bool,
 }
 
 /// A seal whose summary reached the device and whose trailer did not (a crash between the two
@@ -68,12 +71,13 @@ struct BegunSeal {
     /// First unit after the summary's entries that still decode.
     end_unit: u32,
     /// The lost entry it carries past the end of the records, placed by a recovery's seal where
-    /// a record nothing names was (at most one). Evidence to keep.
-    carried: Vec<SummaryEntry>,
+    /// a record nothing names was. Evidence to keep.
+    carried: Option<SummaryEntry>,
 }
 
-/// Units of summary read at most beyond what `entries` take: room for what a recovery's seal
-/// carries besides them (lost entries, a few headers).
+/// Bytes of summary read beyond what the records' entries take: the lost entry a recovery's
+/// seal carries past them, with room to spare (entries of bytes that are not its own are read
+/// and ignored).
 const CARRIED_SLACK_BYTES: usize = 64 << 10;
 
 /// The seal begun at `chain_end`, if the bytes there are a summary of use `seq` whose first
@@ -102,11 +106,11 @@ fn begun_seal(
     // Recovery places only lost entries past the records: anything else there is not its own
     // (bytes that happen to decode, or were made to) and is not replayed. One lost entry voids
     // what any later one would, so the first is kept.
-    let mut carried = Vec::new();
+    let mut carried = None;
     for (e, at) in decoded {
         end = at;
-        if e.unit >= chain_end && e.header.kind == RecordKind::Lost && carried.is_empty() {
-            carried.push(SummaryEntry { unit: e.unit, header: lost(seq) });
+        if e.unit >= chain_end && e.header.kind == RecordKind::Lost && carried.is_none() {
+            carried = Some(SummaryEntry { unit: e.unit, header: lost(seq) });
         }
     }
     let end_unit = chain_end + crate::log::units_for(end) as u32;
@@ -153,7 +157,8 @@ pub(crate) fn settle(
         }
     }
     let chain_end = unit;
-    let mut settled = Settled { entries, chain_end, seal_unit: chain_end, clean_end: true, stop, discarded };
+    let mut settled =
+        Settled { entries, chain_end, seal_unit: chain_end, clean_end: true, stop, discarded, seal_begun: false };
     if settled.stop.is_none() {
         return Ok(settled);
     }
@@ -170,13 +175,12 @@ pub(crate) fn settle(
     settled.clean_end = false;
     if let Some(begun) = &begun {
         settled.stop = Some("sealed, but the seal's trailer is missing".into());
-        for e in &begun.carried {
-            if settled.entries.iter().all(|x| x.unit != e.unit) {
-                settled.entries.push(e.clone());
-                settled.discarded += 1;
-            }
+        settled.seal_begun = true;
+        // Every entry so far is a record's, before `chain_end`; the carried one is past it.
+        if let Some(e) = &begun.carried {
+            settled.entries.push(e.clone());
+            settled.discarded += 1;
         }
-        settled.entries.sort_by_key(|e| e.unit);
     }
     if !trust_writes {
         // A torn tail after a power loss: the records past it were never acknowledged as synced.

@@ -1729,6 +1729,8 @@ fn a_seal_without_its_trailer_loses_no_key() {
         crate::check::check_device(&*crashed, crate::check::ScanOptions { deep: true, summaries_only: false }).unwrap();
     let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
     assert!(errors.is_empty(), "fsck: {errors:?}");
+    let named: Vec<_> = report.problems.iter().filter(|p| p.kind == "seal_cut_short").collect();
+    assert_eq!(named.len(), 1, "fsck names the seal cut short: {:?}", report.problems);
     let s = Store::open_on(crashed, StoreOptions::default()).unwrap();
     assert_eq!(s.recovery_report().keys_voided, 0);
     assert_eq!(s.recovery_report().records_discarded, 0);
