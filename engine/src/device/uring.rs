@@ -304,6 +304,19 @@ impl BlockDevice for UringDevice {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES)?;
+        if !self.direct_io {
+            // Through the page cache a write is the copy into it, done by whoever runs it. A
+            // ring punts a buffered write that would block to its kernel workers, which run the
+            // writes to one file one at a time, so a small write waits behind every large one
+            // the log writer's queue has started; a plain pwrite waits for the file's lock only.
+            use std::os::unix::fs::FileExt;
+            return self.file.write_all_at(buf, offset).map_err(|source| DeviceError::Io {
+                op: "write",
+                offset,
+                len: buf.len() as u64,
+                source,
+            });
+        }
         // SAFETY: the kernel only reads through the pointer of a Write; buf is borrowed for the
         // whole call.
         unsafe { self.run(Op::Write, &[(buf.as_ptr().cast_mut(), buf.len(), offset)], None) }

@@ -36,7 +36,8 @@ struct Slot {
     /// short ([`Flights::cut`]), started only once every other piece has completed: until then
     /// nothing on the device names the record, so a crash in between leaves a record that never
     /// happened, never one that begins and does not check out (which recovery, after a process
-    /// crash, must take for damage).
+    /// crash, must take for damage). Through the page cache the writer thread writes it itself
+    /// ([`Flights::complete`]).
     head: Option<Request>,
     /// What the record's (first) write carries in place of its first unit, when that unit is
     /// written last (`head`): it tells recovery how far the record it never got reaches.
@@ -68,6 +69,8 @@ struct Flights {
     bytes: u64,
     next_record: u64,
     next_write: u64,
+    /// [`crate::device::Capabilities::whole_writes`] of the device.
+    whole_writes: bool,
 }
 
 /// If the writer thread unwinds, nothing would ever complete the records handed to it: the log
@@ -89,7 +92,6 @@ impl Drop for PanicGuard<'_> {
 fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&WriteJob)) {
     let _guard = PanicGuard { handoff, log };
     let dev = Arc::clone(&log.dev);
-    let whole_writes = dev.capabilities().whole_writes;
     let mut flights = Flights {
         slots: HashMap::new(),
         queued: VecDeque::new(),
@@ -97,6 +99,7 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
         bytes: 0,
         next_record: 0,
         next_write: 0,
+        whole_writes: dev.capabilities().whole_writes,
     };
     // Declared after `flights`, whose buffers the kernel reads, so that it is dropped first:
     // dropping a queue waits for every write in flight.
@@ -117,7 +120,7 @@ fn run(handoff: &Handoff, log: &Log, config: WriterConfig, failed: &dyn Fn(&Writ
             return;
         }
         let crowded = taken.crowded;
-        flights.cut(taken.jobs, config, whole_writes, log);
+        flights.cut(taken.jobs, config, log);
         // Never more writes in flight than the queue was made for.
         while queue.in_flight() < MAX_WRITES_IN_FLIGHT {
             let Some(request) = flights.queued.pop_front() else { break };
@@ -148,7 +151,7 @@ impl Flights {
     /// the rest completed: a crash in between leaves a record that never happened, never one
     /// that begins and does not check out. A one-unit record is one page, which the page cache
     /// takes whole.
-    fn cut(&mut self, mut jobs: Vec<WriteJob>, config: WriterConfig, whole_writes: bool, log: &Log) {
+    fn cut(&mut self, mut jobs: Vec<WriteJob>, config: WriterConfig, log: &Log) {
         // Puts hand their records over in the order they get to it, not in log order: sorted,
         // records that follow one another on the device are next to each other, and join.
         jobs.sort_unstable_by_key(|j| (j.seq, j.loc.unit));
@@ -207,7 +210,7 @@ impl Flights {
                 }
                 self.bytes += len as u64;
                 writes += 1;
-                (!whole_writes && len > unit).then(pending_unit)
+                (!self.whole_writes && len > unit).then(pending_unit)
             };
             tail = Some((job.loc.segment, job.loc.unit + job.units()));
             let remaining = writes + u32::from(head.is_some());
@@ -273,12 +276,31 @@ impl Flights {
             }
             if slot.remaining == 1 {
                 if let Some(head) = slot.head.take() {
-                    if slot.error.is_none() {
-                        // Every other piece is on the device: the header may go now, first.
-                        self.queued.push_front(head);
-                        continue;
+                    match (&slot.error, self.whole_writes) {
+                        (None, true) => {
+                            // Every other piece is on the device: the header may go now, first.
+                            self.queued.push_front(head);
+                            continue;
+                        }
+                        (None, false) => {
+                            // Through the page cache, written here and now: queued, the unit
+                            // would wait behind every write started since (the kernel runs
+                            // buffered writes to one file one at a time), and the put with it.
+                            // The copy of one unit holds this thread for the file's lock at most.
+                            let written = match slot.job.buf.get(..head.bytes) {
+                                Some(unit) => log.dev.write_at(unit, head.offset),
+                                None => Err(DeviceError::Io {
+                                    op: "write",
+                                    offset: head.offset,
+                                    len: head.bytes as u64,
+                                    source: std::io::Error::other("a record's first unit went missing"),
+                                }),
+                            };
+                            slot.error = written.err();
+                        }
+                        // A piece failed: the header is never written, and the record fails.
+                        (Some(_), _) => {}
                     }
-                    // A piece failed: the header is never written, and the record fails.
                     slot.remaining = 0;
                 }
             }
