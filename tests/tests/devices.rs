@@ -7,10 +7,14 @@ use kvhoard_engine::device::{conformance, BlockDevice, DeviceError, UringConfig,
 use kvhoard_engine::AlignedBuf;
 
 fn device(len: u64, config: UringConfig) -> Option<(tempfile::TempDir, UringDevice)> {
+    device_with(len, config, true)
+}
+
+fn device_with(len: u64, config: UringConfig, direct_io: bool) -> Option<(tempfile::TempDir, UringDevice)> {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let path = dir.path().join("dev");
     File::create(&path).unwrap().set_len(len).unwrap();
-    match UringDevice::open(&path, true, config) {
+    match UringDevice::open(&path, direct_io, config) {
         Ok(dev) => Some((dir, dev)),
         Err(e) => {
             kvhoard_tests::skip("io_uring", &format!("io_uring is not available here: {e}"));
@@ -24,6 +28,13 @@ fn passes_the_conformance_suite() {
     let Some((_dir, dev)) = device(1 << 20, UringConfig::default()) else { return };
     conformance::run(&dev);
     assert_eq!(dev.capabilities().backend, "io_uring");
+}
+
+#[test]
+fn passes_the_conformance_suite_through_the_page_cache() {
+    let Some((_dir, dev)) = device_with(1 << 20, UringConfig::default(), false) else { return };
+    assert!(!dev.capabilities().direct_io);
+    conformance::run(&dev);
 }
 
 #[test]

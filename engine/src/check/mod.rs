@@ -290,17 +290,22 @@ fn segment_problems(scan: &VolumeScan, seg: &SegmentScan, r: &mut Report) {
             format!("segment summary is damaged: {why}"),
             "its records were found by scanning the segment; repair writes the summary again",
         )),
-        SummaryState::Unsealed if seg.settled.as_ref().is_some_and(|s| s.seal_begun) => r.problems.push(problem(
-            Severity::Warning,
-            "seal_cut_short",
-            Some(seg.index),
-            Some(base + u64::from(seg.settled.as_ref().map_or(0, |s| s.chain_end)) * UNIT_BYTES),
-            format!(
-                "segment's seal was cut short (the volume was not closed cleanly): its summary follows its {} records, its trailer is missing",
-                seg.records.len()
-            ),
-            "the next open (or repair) writes the seal again; nothing acknowledged is lost",
-        )),
+        SummaryState::Unsealed if seg.settled.as_ref().is_some_and(|s| s.seal_begun) => {
+            let (records, at) = seg
+                .settled
+                .as_ref()
+                .map_or((0, 0), |s| (s.entries.iter().filter(|e| e.unit < s.chain_end).count(), s.chain_end));
+            r.problems.push(problem(
+                Severity::Warning,
+                "seal_cut_short",
+                Some(seg.index),
+                Some(base + u64::from(at) * UNIT_BYTES),
+                format!(
+                    "segment's seal was cut short (the volume was not closed cleanly): its summary follows its {records} records at unit {at}, its trailer is missing"
+                ),
+                "the next open (or repair) writes the seal again; nothing acknowledged is lost",
+            ))
+        }
         SummaryState::Unsealed => r.problems.push(problem(
             Severity::Warning,
             "unsealed_segment",

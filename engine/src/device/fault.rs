@@ -85,6 +85,9 @@ impl BlockDevice for FaultDevice {
         self.inner.write_at(buf, offset)
     }
 
+    // `write_now` is not forwarded: the queued path it falls back to is the one whose faults the
+    // tests count (one per write), whatever the file system under the device accepts.
+
     fn sync(&self) -> Result<(), DeviceError> {
         if self.faults.take(FaultKind::Sync) {
             return Err(eio("sync", 0, 0));

@@ -222,6 +222,11 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    /// Memory never waits: written at once, counted and marked as any write.
+    fn write_now(&self, buf: &[u8], offset: u64) -> Option<Result<(), DeviceError>> {
+        Some(self.write_at(buf, offset))
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError> {
         check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES)?;
         let mut state = self.lock();

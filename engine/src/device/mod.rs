@@ -116,6 +116,15 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     }
     /// Writes all of `buf` at `offset`.
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), DeviceError>;
+    /// Writes all of `buf` at `offset` if that takes no waiting (through the page cache: a copy
+    /// that needs no lock another writer holds, no memory reclaim, no dirty-page throttling);
+    /// `None` where it would wait, or the device cannot tell, and nothing or part of `buf` was
+    /// written: the caller writes it another way. The log writer's thread writes the first unit
+    /// of a buffered record so (`writer/thread.rs`), and queues it where it cannot.
+    fn write_now(&self, buf: &[u8], offset: u64) -> Option<Result<(), DeviceError>> {
+        let _ = (buf, offset);
+        None
+    }
     /// Makes every completed write durable (fdatasync).
     fn sync(&self) -> Result<(), DeviceError>;
     /// What the device can do.
@@ -230,7 +239,7 @@ pub mod conformance {
 
     /// Runs the suite on `dev`: aligned reads and writes round trip, misaligned and out-of-range
     /// requests fail with their typed errors and touch nothing, `read_many` fills each buffer
-    /// from its own offset.
+    /// from its own offset, `write_now` writes all of a unit or leaves it to the caller.
     pub fn run(dev: &dyn BlockDevice) {
         let unit = dev.capabilities().alignment;
         let mut w = AlignedBuf::zeroed(2 * unit as usize);
@@ -310,5 +319,16 @@ pub mod conformance {
             dev.read_many_each(vec![(&mut a, end)], &mut |_, _| panic!("told of a failed read")),
             Err(DeviceError::OutOfRange { .. })
         ));
+        // write_now writes all of a unit or leaves it to the caller; out of range it never
+        // writes.
+        let mut n = AlignedBuf::zeroed(unit as usize);
+        n.fill(0x5a);
+        if let Some(written) = dev.write_now(&n, unit) {
+            written.unwrap();
+            let mut back = AlignedBuf::zeroed(unit as usize);
+            dev.read_at(&mut back, unit).unwrap();
+            assert_eq!(&back[..], &n[..], "write_now wrote the unit");
+        }
+        assert!(!matches!(dev.write_now(&n, end), Some(Ok(()))), "write_now past the end");
     }
 }

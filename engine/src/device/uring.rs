@@ -11,7 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use io_uring::{opcode, types, IoUring};
@@ -53,6 +53,9 @@ pub struct UringDevice {
     rings: Vec<Mutex<IoUring>>,
     next: AtomicUsize,
     config: UringConfig,
+    /// The file system refused a buffered write without waiting (`RWF_NOWAIT`, EOPNOTSUPP on
+    /// ext4): [`BlockDevice::write_now`] stops asking.
+    no_nowait: AtomicBool,
 }
 
 impl std::fmt::Debug for UringDevice {
@@ -98,6 +101,7 @@ impl UringDevice {
             rings,
             next: AtomicUsize::new(0),
             config,
+            no_nowait: AtomicBool::new(false),
         })
     }
 
@@ -320,6 +324,45 @@ impl BlockDevice for UringDevice {
         // SAFETY: the kernel only reads through the pointer of a Write; buf is borrowed for the
         // whole call.
         unsafe { self.run(Op::Write, &[(buf.as_ptr().cast_mut(), buf.len(), offset)], None) }
+    }
+
+    fn write_now(&self, buf: &[u8], offset: u64) -> Option<Result<(), DeviceError>> {
+        if self.direct_io || self.no_nowait.load(Ordering::Relaxed) {
+            return None;
+        }
+        if let Err(e) = check_request("write", offset, buf.len(), self.capacity, UNIT_BYTES) {
+            return Some(Err(e));
+        }
+        let iov = libc::iovec { iov_base: buf.as_ptr().cast_mut().cast(), iov_len: buf.len() };
+        let at = libc::off_t::try_from(offset).ok()?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: `iov` describes `buf`, borrowed for the whole call, which the kernel only reads
+        // (a write); the count is 1, matching the one iovec.
+        let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        if usize::try_from(n).is_ok_and(|n| n == buf.len()) {
+            return Some(Ok(()));
+        }
+        let io = |source| DeviceError::Io { op: "write", offset, len: buf.len() as u64, source };
+        if let Some(rest) = usize::try_from(n).ok().and_then(|n| buf.get(n..).map(|rest| (n, rest))) {
+            // Part copied without waiting: the rest at once, so that no torn unit stays in the
+            // page cache (a process killed then would leave a record that begins and does not
+            // check out). Its pages are the same unit's, already cached.
+            let (n, rest) = rest;
+            use std::os::unix::fs::FileExt;
+            return Some(self.file.write_all_at(rest, offset + n as u64).map_err(io));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            // This kernel or file system cannot say (EOPNOTSUPP, ENOSYS, EINVAL) or a sandbox
+            // forbids it (EPERM): never again, written another way.
+            Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL | libc::EPERM) => {
+                self.no_nowait.store(true, Ordering::Relaxed);
+                None
+            }
+            // It would wait, or a signal came first: written another way this time.
+            Some(libc::EAGAIN | libc::EINTR) => None,
+            _ => Some(Err(io(e))),
+        }
     }
 
     fn sync(&self) -> Result<(), DeviceError> {

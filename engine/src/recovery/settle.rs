@@ -109,7 +109,7 @@ fn begun_seal(
     let mut carried = None;
     for (e, at) in decoded {
         end = at;
-        if e.unit >= chain_end && e.header.kind == RecordKind::Lost && carried.is_none() {
+        if (chain_end..last).contains(&e.unit) && e.header.kind == RecordKind::Lost && carried.is_none() {
             carried = Some(SummaryEntry { unit: e.unit, header: lost(seq) });
         }
     }

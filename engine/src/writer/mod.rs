@@ -13,7 +13,10 @@
 //! no record that begins and does not check out, which recovery would take for damage after a
 //! process crash and make its key a miss, losing the value before it. Where the device's writes
 //! can be cut short by a process crash (buffered I/O,
-//! [`crate::device::Capabilities::whole_writes`]), every record of more than one unit is split so.
+//! [`crate::device::Capabilities::whole_writes`]), every record of more than one unit is split so,
+//! and the writer thread copies that first unit into the page cache itself where the file system
+//! can do it without waiting ([`crate::device::BlockDevice::write_now`]), instead of queueing it
+//! behind the writes started since.
 //!
 //! No client thread does device I/O for a record: the device sees one submitter keeping many
 //! writes in flight, as fio does, instead of each client's one write at a time.

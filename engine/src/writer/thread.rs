@@ -37,7 +37,7 @@ struct Slot {
     /// nothing on the device names the record, so a crash in between leaves a record that never
     /// happened, never one that begins and does not check out (which recovery, after a process
     /// crash, must take for damage). Through the page cache the writer thread writes it itself
-    /// ([`Flights::complete`]).
+    /// where that takes no waiting, and queues it otherwise ([`Flights::complete`]).
     head: Option<Request>,
     /// What the record's (first) write carries in place of its first unit, when that unit is
     /// written last (`head`): it tells recovery how far the record it never got reaches.
@@ -50,7 +50,8 @@ struct Request {
     /// (record id, byte range of its buffer).
     parts: Vec<(u64, std::ops::Range<usize>)>,
     bytes: usize,
-    /// A record's first unit written last ([`Slot::head`]): not counted in the bytes in flight, so
+    /// A record's first unit written last ([`Slot::head`]) and queued (a split record's, or a
+    /// buffered one's the file system would have made wait): not counted in the bytes in flight, so
     /// that a unit waiting behind the next records' writes does not keep a record of the size
     /// left free by its pieces from starting.
     head: bool,
@@ -283,18 +284,24 @@ impl Flights {
                             continue;
                         }
                         (None, false) => {
-                            // Through the page cache, written here and now: queued, the unit
-                            // would wait behind every write started since (the kernel runs
-                            // buffered writes to one file one at a time), and the put with it.
-                            // The copy of one unit holds this thread for the file's lock at most.
+                            // Through the page cache, written here and now if that takes no
+                            // waiting: queued, the unit would wait behind the writes started
+                            // since (io_uring's workers may run buffered writes to one file one
+                            // at a time), and the put with it. Where it would wait (the file's
+                            // lock, dirty-page throttling), it is queued: this thread must not
+                            // stop reaping completions.
                             let written = match slot.job.buf.get(..head.bytes) {
-                                Some(unit) => log.dev.write_at(unit, head.offset),
-                                None => Err(DeviceError::Io {
+                                Some(unit) => log.dev.write_now(unit, head.offset),
+                                None => Some(Err(DeviceError::Io {
                                     op: "write",
                                     offset: head.offset,
                                     len: head.bytes as u64,
                                     source: std::io::Error::other("a record's first unit went missing"),
-                                }),
+                                })),
+                            };
+                            let Some(written) = written else {
+                                self.queued.push_front(head);
+                                continue;
                             };
                             slot.error = written.err();
                         }
