@@ -58,10 +58,16 @@ fn read_entry(r: &mut Reader<'_>) -> Result<SummaryEntry, FormatError> {
     Ok(SummaryEntry { unit, header })
 }
 
+/// Whether `bytes` are a summary whose checksum is `summary_crc` (its trailer's), without
+/// decoding its entries.
+pub fn check(bytes: &[u8], summary_crc: u32) -> Result<(), FormatError> {
+    check_crc(WHAT, summary_crc, &[bytes])
+}
+
 /// Decodes a summary of `record_count` entries, checking it against `summary_crc`, and each
 /// header against its own crc. Entries must be in increasing unit order.
 pub fn decode(bytes: &[u8], record_count: u32, summary_crc: u32) -> Result<Vec<SummaryEntry>, FormatError> {
-    check_crc(WHAT, summary_crc, &[bytes])?;
+    check(bytes, summary_crc)?;
     // Every entry takes at least 8 + FIXED_BYTES bytes: bound the count before allocating.
     let max_entries = bytes.len() / entry_bytes(crate::record::FIXED_BYTES);
     if record_count as usize > max_entries {

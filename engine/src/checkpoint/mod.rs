@@ -53,7 +53,16 @@ pub(crate) struct Checkpoints {
     written: AtomicU64,
     /// Checkpoints that could not be written.
     failed: AtomicU64,
+    /// The entry vectors of the last checkpoint saved, kept for the next snapshot to fill
+    /// ([`Index::to_checkpoint_into`]): what the snapshot holds every put waiting for is then a
+    /// copy, not a copy into fresh memory. A leaf lock.
+    spare: Mutex<Entries>,
+    /// Microseconds the last snapshot took: every put waits that long (it holds the log lock).
+    snapshot_us: AtomicU64,
 }
+
+/// A checkpoint's contents and keys.
+type Entries = (Vec<kvhoard_format::checkpoint::ContentEntry>, Vec<kvhoard_format::checkpoint::KeyEntry>);
 
 impl Checkpoints {
     /// The checkpoints of a volume whose newest checkpoint on disk, `seq`, covers `covers` (0
@@ -66,6 +75,8 @@ impl Checkpoints {
             jobs: Mutex::new(None),
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            spare: Mutex::new((Vec::new(), Vec::new())),
+            snapshot_us: AtomicU64::new(0),
         }
     }
 
@@ -93,9 +104,11 @@ impl Checkpoints {
     /// snapshot describes exactly a written prefix of the log.
     pub(crate) fn snapshot(&self, state: &mut LogState, index: &RwLock<Index>, log: &Log, clock: &Clock) -> Checkpoint {
         debug_assert!(state.nothing_in_flight());
+        let started = std::time::Instant::now();
         let segments = state.segment_table();
+        let (mut contents, mut keys) = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|e| e.into_inner()));
         let index = index.read().unwrap_or_else(|e| e.into_inner());
-        let (contents, keys) = index.to_checkpoint();
+        index.to_checkpoint_into(&mut contents, &mut keys);
         let cp = Checkpoint {
             volume_id: log.sb.volume_id,
             checkpoint_seq: state.next_checkpoint_seq,
@@ -108,7 +121,14 @@ impl Checkpoints {
         };
         state.next_checkpoint_seq += 1;
         state.seals_since_checkpoint = 0;
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.snapshot_us.store(took, Ordering::Relaxed);
         cp
+    }
+
+    /// Microseconds the last snapshot held the log (0 before the first).
+    pub(crate) fn snapshot_us(&self) -> u64 {
+        self.snapshot_us.load(Ordering::Relaxed)
     }
 
     /// Snapshots the index and hands it to the background thread, which makes the log durable
@@ -134,7 +154,28 @@ impl Checkpoints {
     ) -> Result<()> {
         log.sync_and_summarize(state)?;
         let cp = self.snapshot(state, index, log, clock);
-        self.save(log, &cp)
+        let saved = self.save(log, &cp);
+        // Under the log lock: kept as they are.
+        self.recycle(cp, false);
+        saved
+    }
+
+    /// Bytes of the entry vectors kept for the next snapshot.
+    pub(crate) fn spare_bytes(&self) -> u64 {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        (spare.0.capacity() * std::mem::size_of::<kvhoard_format::checkpoint::ContentEntry>()
+            + spare.1.capacity() * std::mem::size_of::<kvhoard_format::checkpoint::KeyEntry>()) as u64
+    }
+
+    /// Keeps the entry vectors of a checkpoint written (or given up) for the next snapshot; with
+    /// `room` (off the put path), grown first by a quarter where they are smaller, every page
+    /// touched, so that an index that grew since is still copied into memory already mapped.
+    pub(crate) fn recycle(&self, cp: Checkpoint, room: bool) {
+        let (contents, keys) = match room {
+            true => (with_room(cp.contents), with_room(cp.keys)),
+            false => (cp.contents, cp.keys),
+        };
+        *self.spare.lock().unwrap_or_else(|e| e.into_inner()) = (contents, keys);
     }
 
     /// Writes a checkpoint unless a newer one was written already (snapshots taken under the log
@@ -174,5 +215,31 @@ impl Checkpoints {
         sealed.iter().filter(|s| s.seq <= limit).all(|s| {
             covers.get(s.index as usize).is_some_and(|c| c.sealed && c.seq == s.seq && c.end_unit == s.end_unit)
         })
+    }
+}
+
+/// `v` emptied, with room for a quarter more entries than it held, all of it written once (so
+/// mapped): filling it again faults no page in.
+fn with_room<T: Copy>(mut v: Vec<T>) -> Vec<T> {
+    let want = v.len() + v.len() / 4;
+    if let (Some(&filler), true) = (v.first(), v.capacity() < want) {
+        v.reserve_exact(want - v.len());
+        v.resize(v.capacity(), filler);
+    }
+    v.clear();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_room;
+
+    #[test]
+    fn room_is_a_quarter_more_than_held_and_nothing_is_left_in_it() {
+        let v = with_room(vec![7u32; 8]);
+        assert!(v.is_empty());
+        assert!(v.capacity() >= 10);
+        let v = with_room(Vec::<u32>::new());
+        assert_eq!(v.capacity(), 0, "nothing held, nothing kept");
     }
 }

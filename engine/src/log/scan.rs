@@ -38,6 +38,24 @@ pub type SummaryRead = Result<(Vec<SummaryEntry>, u32), Option<String>>;
 /// A record's header, units and bytes; or why the bytes at that place are not a valid record.
 pub type RecordRead = Result<(RecordHeader, u32, AlignedBuf), String>;
 
+/// The trailer of segment `index` if it seals use `seq`; `Err(None)` if the segment is not
+/// sealed in that use, `Err(Some(why))` if its trailer is damaged.
+fn trailer_of_use(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+    seq: u64,
+) -> Result<Result<SummaryTrailer, Option<String>>, DeviceError> {
+    let units = sb.segment_units();
+    let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    dev.read_at(&mut unit, sb.unit_offset(index, units - 1))?;
+    Ok(match SummaryTrailer::decode(&unit, units) {
+        Ok(t) if t.seq == seq && t.segment_index == index => Ok(t),
+        Ok(_) | Err(FormatError::BadMagic { .. }) => Err(None),
+        Err(e) => Err(Some(e.to_string())),
+    })
+}
+
 /// The summary of a sealed segment (see [`SummaryRead`]).
 pub(crate) fn read_summary(
     dev: &dyn BlockDevice,
@@ -45,13 +63,9 @@ pub(crate) fn read_summary(
     index: u32,
     seq: u64,
 ) -> Result<SummaryRead, DeviceError> {
-    let units = sb.segment_units();
-    let mut unit = AlignedBuf::zeroed(UNIT_BYTES as usize);
-    dev.read_at(&mut unit, sb.unit_offset(index, units - 1))?;
-    let trailer = match SummaryTrailer::decode(&unit, units) {
-        Ok(t) if t.seq == seq && t.segment_index == index => t,
-        Ok(_) | Err(FormatError::BadMagic { .. }) => return Ok(Err(None)),
-        Err(e) => return Ok(Err(Some(e.to_string()))),
+    let trailer = match trailer_of_use(dev, sb, index, seq)? {
+        Ok(t) => t,
+        Err(why) => return Ok(Err(why)),
     };
     let mut buf = AlignedBuf::zeroed(trailer.summary_bytes as usize);
     dev.read_at(&mut buf, sb.unit_offset(index, trailer.summary_unit))?;
@@ -61,6 +75,31 @@ pub(crate) fn read_summary(
         Ok(_) => Ok(Err(Some("summary lists records of another segment use".into()))),
         Err(e) => Ok(Err(Some(e.to_string()))),
     }
+}
+
+/// Where the records of segment `index` end, if a trailer seals it in use `seq` over a summary
+/// whose checksum holds. The entries are not decoded: an open from a checkpoint that lists the
+/// segment's records needs only where they end, and decoding every summary took most of such an
+/// open. The summary is still read and checked: a seal is not synced, so after a power loss its
+/// trailer may have reached the device and its summary not, and the segment must then be sealed
+/// again from its records. `scratch` is read into (replaced by a larger one where it is too
+/// small): one buffer for every segment, not a fresh mapping each.
+pub(crate) fn sealed_end(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: u32,
+    seq: u64,
+    scratch: &mut AlignedBuf,
+) -> Result<Option<u32>, DeviceError> {
+    let Ok(trailer) = trailer_of_use(dev, sb, index, seq)? else { return Ok(None) };
+    let len = (crate::log::units_for(trailer.summary_bytes as usize) * UNIT_BYTES) as usize;
+    if scratch.len() < len {
+        *scratch = AlignedBuf::zeroed(len);
+    }
+    let Some(buf) = scratch.get_mut(..len) else { return Ok(None) };
+    dev.read_at(buf, sb.unit_offset(index, trailer.summary_unit))?;
+    let bytes = buf.get(..trailer.summary_bytes as usize).unwrap_or_default();
+    Ok(summary::check(bytes, trailer.summary_crc).is_ok().then_some(trailer.end_unit))
 }
 
 /// Walks records from `unit` until one does not decode, belongs to another use of the segment,

@@ -19,7 +19,7 @@ use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::index::{header_fp, key_fp, ContentEntry, Index};
 use crate::log::probe::look_past;
-use crate::log::scan::read_summary;
+use crate::log::scan::{read_summary, sealed_end};
 use crate::log::seal::write_seal;
 use crate::log::{Loc, OpenSeg, Pos, SegInfo, SegState};
 
@@ -185,13 +185,14 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     let mut order: Vec<u32> =
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
     order.sort_by_key(|&i| segments.get(i as usize).map_or(0, |s| s.seq));
+    let mut scratch = AlignedBuf::zeroed(UNIT_BYTES as usize);
     for i in order {
         let seq = seq_of(i);
         let from_unit = match covered(i) {
             // Sealed when the checkpoint was written and still sealed at the same end. A segment
             // resumed for appends after the checkpoint has lost its trailer, or has been sealed
             // again further on: replay what follows the checkpoint's end.
-            Some((true, end_unit)) if sealed_end(dev, sb, i, seq)? == Some(end_unit) => {
+            Some((true, end_unit)) if sealed_end(dev, sb, i, seq, &mut scratch)? == Some(end_unit) => {
                 set_sealed(&mut segments, i, end_unit);
                 continue;
             }
@@ -320,11 +321,6 @@ pub(crate) fn void_segment(dev: &dyn BlockDevice, sb: &Superblock, index: u32, s
         SegmentHeader { volume_id: sb.volume_id, segment_index: index, seq, created_unix_ms: now, boot: dev.boot() };
     write_header(dev, sb, &h)?;
     seal_recovered(dev, sb, index, seq, 1, &[SummaryEntry { unit: 1, header: settle::lost(seq) }])
-}
-
-/// Where the records of a sealed segment end, per its trailer; `None` if it is not sealed.
-fn sealed_end(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64) -> Result<Option<u32>> {
-    Ok(crate::log::scan::read_summary(dev, sb, i, seq)?.ok().map(|(_, end_unit)| end_unit))
 }
 
 /// The newest sealed segment if at least an eighth of it is still free, with its records as the

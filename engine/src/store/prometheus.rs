@@ -25,6 +25,16 @@ impl Stats {
             ("logical_bytes", "Sum of the sizes of the keys' blocks.", self.logical_bytes),
             ("unique_bytes", "Raw bytes of the distinct blocks.", self.unique_bytes),
             ("index_memory_bytes", "Memory of the in-memory index.", self.index_memory_bytes),
+            (
+                "checkpoint_memory_bytes",
+                "Memory kept from the last checkpoint for the next one's snapshot.",
+                self.checkpoint_memory_bytes,
+            ),
+            (
+                "checkpoint_snapshot_us",
+                "Microseconds the last checkpoint's snapshot held every put waiting.",
+                self.checkpoint_snapshot_us,
+            ),
             ("placement_contexts", "Contexts the placement planner knows.", self.placement.contexts),
             ("placement_planned_bytes", "Bytes the placement planner counts as kept.", self.placement.planned_bytes),
             ("placement_budget_bytes", "Bytes the placement planner keeps them within.", self.placement.budget_bytes),

@@ -74,6 +74,9 @@ pub struct Stats {
     /// logical − unique: what deduplication saved.
     pub dedup_saved_bytes: u64,
     pub index_memory_bytes: u64,
+    /// The entry vectors kept from the last checkpoint for the next one to fill (36 bytes per
+    /// key and per block), so that its snapshot does not fault in fresh memory while puts wait.
+    pub checkpoint_memory_bytes: u64,
     pub namespaces: Vec<NamespaceStats>,
     /// Blocks per kind of codec: logical (original) against stored bytes.
     pub codecs: Vec<CodecStats>,
@@ -132,6 +135,9 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Checkpoints that could not be written (the next open replays more of the log).
     pub checkpoint_errors: u64,
+    /// Microseconds the last checkpoint's snapshot of the index took, during which every put
+    /// waits (0 before the first since open).
+    pub checkpoint_snapshot_us: u64,
     pub syncs: u64,
     pub device_backend: String,
     pub direct_io: bool,
@@ -224,6 +230,7 @@ impl Store {
             unique_bytes: sum(|n| n.unique_bytes),
             dedup_saved_bytes: sum(|n| n.logical_bytes).saturating_sub(sum(|n| n.unique_bytes)),
             index_memory_bytes: index.memory_bytes(),
+            checkpoint_memory_bytes: parts.checkpoints.spare_bytes(),
             namespaces,
             codecs,
             policies,
@@ -258,6 +265,7 @@ impl Store {
             planner_dropped_keys: get(&m.planner_dropped_keys),
             checkpoints: parts.checkpoints.written(),
             checkpoint_errors: parts.checkpoints.failed(),
+            checkpoint_snapshot_us: parts.checkpoints.snapshot_us(),
             syncs: parts.log.syncs(),
             device_backend: caps.backend.to_string(),
             direct_io: caps.direct_io,

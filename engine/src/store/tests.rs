@@ -1819,3 +1819,53 @@ fn a_begun_seal_keeps_the_lost_entry_it_carries() {
     assert_eq!(get(&s, "a"), None, "a lost record may have written \"a\" again: never its older version");
     drop(s);
 }
+
+/// A checkpoint is filled into the vectors of the one before (kept so that the snapshot, which
+/// holds every put waiting, faults no fresh memory in): it must hold the index as it is, not
+/// what the one before held.
+#[test]
+fn a_checkpoint_filled_into_the_last_ones_vectors_holds_only_the_index_now() {
+    let dev = Arc::new(MemDevice::new(SEG * 24));
+    let opts = StoreOptions { checkpoint_every_segments: 1, ..StoreOptions::default() };
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Store::create_on(dev.clone(), &create, opts.clone()).unwrap();
+    let written = PutOptions { durability: Durability::Written, ..PutOptions::default() };
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        s.put("default", k, &block(i as u64, 100), &written).unwrap();
+    }
+    // A periodic checkpoint, whose vectors (every key above in them) are kept.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut filler = 0u64;
+    while s.stats().checkpoints == 0 || s.stats().checkpoint_memory_bytes == 0 {
+        assert!(std::time::Instant::now() < deadline, "no periodic checkpoint kept its vectors");
+        if s.stats().checkpoints == 0 {
+            s.put("default", &format!("fill{filler}"), &block(1000 + filler, 300_000), &written).unwrap();
+            filler += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    for k in keys.iter().step_by(2) {
+        assert!(s.delete("default", k, Durability::Written).unwrap());
+    }
+    // The next periodic checkpoint, its snapshot filled into those vectors: each filler put
+    // waits for the vectors to be back, so that the seal it may make finds them.
+    let before = s.stats().checkpoints;
+    while s.stats().checkpoints == before {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint after the deletes");
+        if s.stats().checkpoint_memory_bytes > 0 {
+            s.put("default", &format!("fill{filler}"), &block(1000 + filler, 300_000), &written).unwrap();
+            filler += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // Opened from that checkpoint and the log after it: a deleted key it still named would come
+    // back, its tombstone lying before it.
+    let (_, s) = reopen(&dev, CrashMode::KeepAll);
+    assert!(s.recovery_report().checkpoint_seq >= Some(before + 1), "opened from the checkpoint after the deletes");
+    assert_eq!(s.stats().keys, keys.len() as u64 / 2 + filler, "the live keys and no other");
+    for (i, k) in keys.iter().enumerate() {
+        let expected = (i % 2 == 1).then(|| block(i as u64, 100));
+        assert_eq!(get(&s, k), expected, "{k}");
+    }
+}

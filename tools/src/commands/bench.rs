@@ -524,7 +524,11 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let block_size = a.block_size.clamp(8, 1 << 20) as usize;
     let record = (block_size as u64).div_ceil(4096) * 4096 + 4096;
     let segment = 256u64 << 20;
-    let capacity = a.blocks * record * 11 / 10 + 4 * segment;
+    // Checkpoints come every 8 sealed segments. Where the blocks fill two such intervals, the
+    // keys are written again at the end until two more were taken (below): room for that too.
+    let interval = u64::from(StoreOptions::default().checkpoint_every_segments) * segment;
+    let steady = a.blocks * record >= 2 * interval;
+    let capacity = a.blocks * record * 11 / 10 + 4 * segment + if steady { 3 * interval } else { 0 };
     let opts = StoreOptions {
         direct_io: a.direct_io,
         io_backend: a.io_backend,
@@ -539,24 +543,9 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     )?;
     let show = !a.json && std::io::stderr().is_terminal();
     let progress = bar(a.blocks, show);
-    let put_opts = PutOptions { durability: Durability::Buffered, ..PutOptions::default() };
     let started = Instant::now();
-    let batch = 256u64;
     let mut buf = noise(7, block_size);
-    for first in (0..a.blocks).step_by(batch as usize) {
-        let ids: Vec<u64> = (first..(first + batch).min(a.blocks)).collect();
-        let keys: Vec<String> = ids.iter().map(|i| format!("model@1@0@{i:016x}@bfloat16")).collect();
-        let bodies: Vec<Vec<u8>> = ids
-            .iter()
-            .map(|i| {
-                stamp(&mut buf, *i);
-                buf.clone()
-            })
-            .collect();
-        let items: Vec<(&str, &[u8])> = keys.iter().map(String::as_str).zip(bodies.iter().map(Vec::as_slice)).collect();
-        store.put_batch("bench", &items, &put_opts)?;
-        progress.inc(ids.len() as u64);
-    }
+    put_keys(&store, a.blocks, 0, &mut buf, |n| progress.inc(n))?;
     let fill = started.elapsed();
     progress.finish_and_clear();
     let stats = store.stats();
@@ -577,6 +566,29 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let from_log = t.elapsed();
     let reopened = store.stats();
     ensure!(reopened.keys == a.blocks, "reopen from the log found {} keys", reopened.keys);
+    // The keys written again (new blocks, a quarter interval's worth at a time, at most two and
+    // a half intervals) until two periodic checkpoints were saved at this number of keys: what
+    // a snapshot holds puts waiting once the index stopped growing. After each round, the
+    // checkpoint being written is waited for (its vectors back for the next snapshot), as a
+    // disk that writes checkpoints faster than 8 segments fill would have it. Not done on fewer
+    // blocks.
+    let mut steady_state = None;
+    if steady {
+        let (before, per_round) = (reopened.checkpoints, (interval / record / 4).clamp(1, a.blocks));
+        let mut written = 0;
+        while store.stats().checkpoints < before + 2 && written < 5 * interval / 2 {
+            put_keys(&store, per_round, a.blocks + written / record, &mut buf, |_| ())?;
+            written += per_round * record;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while store.stats().checkpoint_memory_bytes == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let stats = store.stats();
+        steady_state = (stats.checkpoints >= before + 2)
+            .then(|| (round1(stats.checkpoint_snapshot_us as f64 / 1000.0), stats.checkpoint_memory_bytes));
+    }
+    store.close()?;
     Ok(json!({
         "workload": "restart",
         "blocks": a.blocks,
@@ -589,7 +601,33 @@ fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "index_memory_bytes": reopened.index_memory_bytes,
         "index_bytes_per_block": round1(reopened.index_memory_bytes as f64 / a.blocks as f64),
         "index_memory": human(reopened.index_memory_bytes),
+        "checkpoint_snapshot_ms_while_filling": round1(stats.checkpoint_snapshot_us as f64 / 1000.0),
+        "checkpoint_snapshot_ms": steady_state.map(|(ms, _)| ms),
+        "checkpoint_memory_bytes": steady_state.map(|(_, bytes)| bytes),
     }))
+}
+
+/// Puts keys `0..count` (LMCache-style names) in batches of 256, buffered, each block `buf`
+/// stamped with the key's number plus `salt` (a new salt: new blocks); `done(n)` after each
+/// batch.
+fn put_keys(store: &Store, count: u64, salt: u64, buf: &mut [u8], done: impl Fn(u64)) -> anyhow::Result<()> {
+    let put_opts = PutOptions { durability: Durability::Buffered, ..PutOptions::default() };
+    let batch = 256u64;
+    for first in (0..count).step_by(batch as usize) {
+        let ids: Vec<u64> = (first..(first + batch).min(count)).collect();
+        let keys: Vec<String> = ids.iter().map(|i| format!("model@1@0@{i:016x}@bfloat16")).collect();
+        let bodies: Vec<Vec<u8>> = ids
+            .iter()
+            .map(|i| {
+                stamp(buf, *i + salt);
+                buf.to_vec()
+            })
+            .collect();
+        let items: Vec<(&str, &[u8])> = keys.iter().map(String::as_str).zip(bodies.iter().map(Vec::as_slice)).collect();
+        store.put_batch("bench", &items, &put_opts)?;
+        done(ids.len() as u64);
+    }
+    Ok(())
 }
 
 /// Runs `op(i, scratch)` for i in 0..count over `threads` threads (thread t takes i ≡ t mod

@@ -46,7 +46,11 @@ fn print_human(volume: &Path, s: &Stats) {
         human(s.dedup_saved_bytes),
         pct(s.dedup_saved_bytes, s.logical_bytes)
     );
-    println!("index      {} in memory", human(s.index_memory_bytes));
+    println!(
+        "index      {} in memory, {} kept for the next checkpoint",
+        human(s.index_memory_bytes),
+        human(s.checkpoint_memory_bytes)
+    );
     println!(
         "open       {} ms, checkpoint {}, {} records replayed from {} segments",
         s.recovery.elapsed_ms,
