@@ -335,7 +335,6 @@ impl BlockDevice for UringDevice {
         }
         let iov = libc::iovec { iov_base: buf.as_ptr().cast_mut().cast(), iov_len: buf.len() };
         let at = libc::off_t::try_from(offset).ok()?;
-        use std::os::fd::AsRawFd;
         // SAFETY: `iov` describes `buf`, borrowed for the whole call, which the kernel only reads
         // (a write); the count is 1, matching the one iovec.
         let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };

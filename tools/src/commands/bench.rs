@@ -187,7 +187,8 @@ pub enum Tier {
 pub enum Workload {
     /// Put and get throughput and latency.
     Throughput,
-    /// Open time and index memory with many blocks.
+    /// Open time and index memory with many blocks, and (from about 500,000 blocks) how long a
+    /// checkpoint's snapshot of the index holds puts waiting once they write keys again.
     Restart,
     /// Get latency with the background cleaner at work and without it, alternated: a tight
     /// volume of --total bytes against a roomy one, each with a hot set read by --threads
