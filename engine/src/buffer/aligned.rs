@@ -6,6 +6,16 @@
 //! stay in the process after they are freed (a server that had served a burst of 32 MiB objects
 //! kept ~500 MB resident with no connection left). The kernel zeroes mapped pages when first
 //! touched, so a large buffer costs memory only for the bytes written into it.
+//!
+//! A buffer of [`HUGE_PAGE`] or more starts on a huge-page boundary and is advised to use
+//! transparent huge pages. The kernel backs only whole aligned huge pages that way: the rest,
+//! less than one, stays in 4 KiB pages, so a 2 MiB block's record of 2 MiB and 4 KiB does not
+//! take 4 MiB. A direct write or read of a
+//! buffer of scattered 4 KiB pages reaches the device as requests of at most `max_segments`
+//! pages each (254 on virtio-blk: about 1 MiB), and pinning it walks every page; in 2 MiB pages
+//! a 32 MiB record goes as requests of the device's largest size (docs/benchmarks.md, "Huge
+//! pages for large buffers"). Where transparent huge pages are off, the advice is refused and
+//! the buffer is as it would be without it.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
@@ -15,6 +25,9 @@ use kvhoard_format::UNIT_BYTES;
 
 /// Buffers at least this large are mapped from the kernel rather than allocated by malloc.
 pub const MAP_MIN: usize = 1 << 20;
+
+/// The size of a transparent huge page on x86-64 (and arm64 with 4 KiB pages).
+pub const HUGE_PAGE: usize = 2 << 20;
 
 /// A zero-initialised byte buffer whose address and length are multiples of 4 KiB.
 pub struct AlignedBuf {
@@ -73,8 +86,40 @@ impl DerefMut for AlignedBuf {
     }
 }
 
-/// Maps `len` (a multiple of the page size) zeroed bytes, or `None` if the kernel refuses.
+/// Maps `len` (a multiple of the page size) zeroed bytes, or `None` if the kernel refuses. From
+/// [`HUGE_PAGE`] up, the mapping starts on a huge-page boundary and is advised to use huge
+/// pages.
 fn map(len: usize) -> Option<NonNull<u8>> {
+    if len < HUGE_PAGE {
+        return map_anonymous(len);
+    }
+    // One huge page more than needed, so that a boundary lies in its first one; the excess on
+    // either side is returned at once.
+    let raw = map_anonymous(len.checked_add(HUGE_PAGE)?)?.as_ptr() as usize;
+    let start = raw.next_multiple_of(HUGE_PAGE);
+    let (head, tail) = (start - raw, raw + HUGE_PAGE - start);
+    // SAFETY: [raw, start) and [start + len, raw + len + HUGE_PAGE) lie inside the mapping just
+    // made, which nothing else refers to; unmapping them leaves exactly [start, start + len)
+    // mapped. Both lengths are multiples of the page size (raw and start are page aligned);
+    // a zero length is skipped, since munmap refuses it.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw as *mut libc::c_void, head);
+        }
+        if tail > 0 {
+            libc::munmap((start + len) as *mut libc::c_void, tail);
+        }
+    }
+    // SAFETY: [start, start + len) is that private anonymous mapping, owned by the caller; the
+    // advice changes how its pages are backed, never their contents. A refusal (transparent
+    // huge pages compiled out or disabled) leaves 4 KiB pages, as without it. (Advising only
+    // the whole huge pages would split the mapping in two for nothing.)
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+    NonNull::new(start as *mut u8)
+}
+
+/// An anonymous private mapping of `len` zeroed bytes, or `None` if the kernel refuses.
+fn map_anonymous(len: usize) -> Option<NonNull<u8>> {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
     // existing memory; the result is checked before use.
     let raw = unsafe {
@@ -135,5 +180,18 @@ mod tests {
         b.fill(7);
         assert!(b.iter().all(|&x| x == 7));
         assert!(!AlignedBuf::zeroed(MAP_MIN - 4096).mapped);
+    }
+
+    #[test]
+    fn buffers_of_huge_pages_start_on_a_huge_page_and_are_whole() {
+        for len in [HUGE_PAGE, HUGE_PAGE + 4096, 16 * HUGE_PAGE + 4096] {
+            let mut b = AlignedBuf::zeroed(len);
+            assert!(b.mapped);
+            assert_eq!(b.len(), len);
+            assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0, "{len}");
+            assert!(b.iter().all(|&x| x == 0));
+            b.fill(9);
+            assert!(b.iter().all(|&x| x == 9));
+        }
     }
 }
