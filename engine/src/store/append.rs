@@ -294,7 +294,25 @@ impl Parts {
                         if self.log.resume_if_resumable(&mut state)? {
                             continue;
                         }
-                        let victim = self.victim_to_reclaim(&state)?;
+                        // No segment free: reclaim needs a sealed victim, and a checkpoint first
+                        // where the victim needs one, which describes a written prefix. While
+                        // segments drain, there may be neither: they are waited for (without
+                        // the lock, and with this call's own records handed over).
+                        let draining = !state.draining.is_empty() && state.free_segment().is_none();
+                        let mut victim = None;
+                        if !draining || crate::reclaim::any_victim(self, &state) {
+                            victim = self.victim_to_reclaim(&state)?;
+                        }
+                        if draining && victim.is_none_or(|v| crate::reclaim::needs_checkpoint_to_free(self, &state, v))
+                        {
+                            if !jobs.is_empty() {
+                                return Ok((jobs, done));
+                            }
+                            state = self.log.wait_drained(state);
+                            state = self.log.let_quiet(state);
+                            state.writable()?;
+                            continue;
+                        }
                         if let Some(end) = victim.and_then(|v| self.log.superseded_unsynced(&state, v)) {
                             // The segment reclaim would free holds records superseded by ones
                             // not durable yet: they are made durable first, without the lock

@@ -1869,3 +1869,164 @@ fn a_checkpoint_filled_into_the_last_ones_vectors_holds_only_the_index_now() {
         assert_eq!(get(&s, k), expected, "{k}");
     }
 }
+
+/// A device whose large writes (records, not segment headers) wait while the test holds the
+/// gate shut.
+#[derive(Debug)]
+struct GatedWrites {
+    dev: MemDevice,
+    shut: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl BlockDevice for GatedWrites {
+    fn capacity_bytes(&self) -> u64 {
+        self.dev.capacity_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        self.dev.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        if buf.len() > 64 << 10 {
+            let mut shut = self.shut.lock().unwrap();
+            while *shut {
+                shut = self.opened.wait(shut).unwrap();
+            }
+        }
+        self.dev.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<(), crate::device::DeviceError> {
+        self.dev.sync()
+    }
+    fn capabilities(&self) -> crate::device::Capabilities {
+        self.dev.capabilities()
+    }
+}
+
+#[test]
+fn a_full_segment_is_sealed_without_waiting_for_its_records_and_acknowledged_in_log_order() {
+    use crate::log::MAX_DRAINING;
+    let dev = Arc::new(GatedWrites {
+        dev: MemDevice::new(SEG * 16),
+        shut: std::sync::Mutex::new(false),
+        opened: Default::default(),
+    });
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Arc::new(Store::create_on(dev.clone(), &create, StoreOptions::default()).unwrap());
+    s.put("default", "before", &block(1000, 300_000), &synced()).unwrap();
+    *dev.shut.lock().unwrap() = true;
+    // Three records fill a segment: enough for every segment allowed to drain, and one more
+    // open, with none of them written.
+    let count = 3 * (MAX_DRAINING as u64 + 2);
+    let putter = {
+        let s = Arc::clone(&s);
+        std::thread::spawn(move || {
+            let blocks: Vec<(String, Vec<u8>)> = (0..count).map(|i| (format!("k{i}"), block(i, 300_000))).collect();
+            let items: Vec<(&str, &[u8])> = blocks.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
+            s.put_batch("default", &items, &synced()).map(|_| ())
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while s.parts.log.lock().draining.len() < MAX_DRAINING {
+        assert!(std::time::Instant::now() < deadline, "segments were not sealed while their records waited");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(!putter.is_finished(), "a put was acknowledged before its records were written");
+    // Records on their way read back from memory; nothing of theirs is sealed or summarized.
+    for i in 0..3 {
+        assert_eq!(get(&s, &format!("k{i}")), Some(block(i, 300_000)), "k{i} while draining");
+    }
+    {
+        let state = s.parts.log.lock();
+        assert!(state.unsummarized.is_empty(), "a segment whose records are not written was sealed");
+        assert_eq!(state.written_through().seq, state.draining[0].seq);
+    }
+    // A crash now: nothing of the batch was acknowledged, the key before it was.
+    let image = Arc::new(dev.dev.crash(CrashMode::DropAll));
+    *dev.shut.lock().unwrap() = false;
+    dev.opened.notify_all();
+    putter.join().unwrap().unwrap();
+    let drained = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !s.parts.log.lock().nothing_in_flight() {
+        assert!(std::time::Instant::now() < drained, "the segments never finished draining");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    for i in 0..count {
+        assert_eq!(get(&s, &format!("k{i}")), Some(block(i, 300_000)), "k{i}");
+    }
+    let check = |dev: &dyn BlockDevice| {
+        let report =
+            crate::check::check_device(dev, crate::check::ScanOptions { deep: true, summaries_only: false }).unwrap();
+        let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
+        assert!(errors.is_empty(), "fsck: {errors:?}");
+    };
+    check(&*image);
+    let early = Store::open_on(image, StoreOptions::default()).unwrap();
+    assert_eq!(get(&early, "before"), Some(block(1000, 300_000)));
+    drop(early);
+    let s = Arc::into_inner(s).unwrap();
+    s.close().unwrap();
+    let after = Arc::new(dev.dev.crash(CrashMode::DropAll));
+    check(&*after);
+    let s = Store::open_on(after, StoreOptions::default()).unwrap();
+    for i in 0..count {
+        assert_eq!(get(&s, &format!("k{i}")), Some(block(i, 300_000)), "k{i} after reopening");
+    }
+}
+
+#[test]
+fn a_failed_write_in_a_draining_segment_leaves_it_unsealed_and_its_keys_missing() {
+    use crate::log::MAX_DRAINING;
+    let dev = Arc::new(GatedWrites {
+        dev: MemDevice::new(SEG * 16),
+        shut: std::sync::Mutex::new(false),
+        opened: Default::default(),
+    });
+    let create = CreateOptions { capacity_bytes: None, segment_size_bytes: SEG };
+    let s = Arc::new(Store::create_on(dev.clone(), &create, StoreOptions::default()).unwrap());
+    s.put("default", "before", &block(1000, 300_000), &synced()).unwrap();
+    *dev.shut.lock().unwrap() = true;
+    let count = 3 * (MAX_DRAINING as u64 + 2);
+    let putter = {
+        let s = Arc::clone(&s);
+        std::thread::spawn(move || {
+            let blocks: Vec<(String, Vec<u8>)> = (0..count).map(|i| (format!("k{i}"), block(i, 300_000))).collect();
+            let items: Vec<(&str, &[u8])> = blocks.iter().map(|(k, b)| (k.as_str(), b.as_slice())).collect();
+            s.put_batch("default", &items, &synced()).map(|_| ())
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while s.parts.log.lock().draining.len() < MAX_DRAINING {
+        assert!(std::time::Instant::now() < deadline, "segments were not sealed while their records waited");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The first record of the first draining segment fails; the rest are written.
+    dev.dev.fail_nth(FaultKind::Write, 1);
+    *dev.shut.lock().unwrap() = false;
+    dev.opened.notify_all();
+    assert!(putter.join().unwrap().is_err(), "a batch whose write failed was acknowledged");
+    let settled = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while s.parts.log.lock().draining.iter().any(|d| !d.in_flight.is_empty()) {
+        assert!(std::time::Instant::now() < settled, "the writes never completed");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    {
+        let state = s.parts.log.lock();
+        assert!(state.poisoned.is_some());
+        assert!(state.unsummarized.is_empty(), "a segment holding a failed write was sealed");
+        assert!(!state.draining.is_empty());
+    }
+    assert!(s.put("default", "after", b"x", &synced()).is_err(), "a poisoned log took a put");
+    assert_eq!(get(&s, "before"), Some(block(1000, 300_000)));
+    let image = Arc::new(dev.dev.crash(CrashMode::KeepAll));
+    drop(s);
+    let s = Store::open_on(image, StoreOptions::default()).unwrap();
+    assert_eq!(get(&s, "before"), Some(block(1000, 300_000)));
+    // The failed record's key is a miss, never an error or other bytes; the others may be kept.
+    assert_eq!(get(&s, "k0"), None, "the failed write's key came back");
+    for i in 1..count {
+        if let Some(bytes) = get(&s, &format!("k{i}")) {
+            assert_eq!(bytes, block(i, 300_000), "k{i}");
+        }
+    }
+}

@@ -78,9 +78,11 @@ impl Handoff {
         Ok(())
     }
 
-    /// Takes waiting jobs in order, at most `room` bytes of them (at least one if `block`, since
-    /// the writer then has nothing in flight and a record larger than the room must still go).
-    /// With `block`, waits for one unless closed.
+    /// Takes waiting jobs in order while fewer than `room` bytes are taken: the last may go past
+    /// it by less than one record (a rule that took only whole records within the room kept a
+    /// single 32 MiB record in flight under the default 64 MiB, since two come to 8 KiB more).
+    /// With `block` (the writer has nothing in flight), takes at least one, waiting for it unless
+    /// closed.
     pub(super) fn take(&self, room: u64, block: bool) -> Taken {
         let mut state = self.lock();
         while block && state.jobs.is_empty() && !state.closed {
@@ -90,7 +92,7 @@ impl Handoff {
         let mut bytes = 0u64;
         while let Some(front) = state.jobs.front() {
             let len = front.buf.len() as u64;
-            if bytes + len > room && !(block && jobs.is_empty()) {
+            if bytes >= room && !(block && jobs.is_empty()) {
                 break;
             }
             bytes += len;
