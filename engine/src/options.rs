@@ -78,7 +78,30 @@ pub struct CreateOptions {
 
 impl Default for CreateOptions {
     fn default() -> Self {
-        CreateOptions { capacity_bytes: Some(1 << 30), segment_size_bytes: 64 << 20 }
+        let capacity = 1 << 30;
+        CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: Self::default_segment_bytes(capacity) }
+    }
+}
+
+impl CreateOptions {
+    /// Volumes of at least this many bytes get [`CreateOptions::LARGE_SEGMENT_BYTES`] segments.
+    pub const LARGE_FROM_BYTES: u64 = 32 << 30;
+    /// The segment size of a volume smaller than [`CreateOptions::LARGE_FROM_BYTES`].
+    pub const SMALL_SEGMENT_BYTES: u64 = 64 << 20;
+    /// The segment size of a volume of [`CreateOptions::LARGE_FROM_BYTES`] or more.
+    pub const LARGE_SEGMENT_BYTES: u64 = 256 << 20;
+
+    /// The segment size a volume of `capacity_bytes` gets unless one is asked for. A record
+    /// never spans segments, so the room a segment's last record did not fit in is lost: 32 MiB
+    /// blocks (a 256-token chunk of an 8B model) fill a 64 MiB segment only half, a 256 MiB one
+    /// seven eighths. A small volume keeps 64 MiB segments, enough of them (16 in 1 GiB) that
+    /// reclaim and cleaning free a little at a time (docs/decisions/0009-segment-size-follows-capacity.md).
+    pub fn default_segment_bytes(capacity_bytes: u64) -> u64 {
+        if capacity_bytes >= Self::LARGE_FROM_BYTES {
+            Self::LARGE_SEGMENT_BYTES
+        } else {
+            Self::SMALL_SEGMENT_BYTES
+        }
     }
 }
 
@@ -127,5 +150,39 @@ impl Default for StoreOptions {
             pin_ttl_secs: 600,
             clean_bytes_per_sec: 256 << 20,
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::log::OpenSeg;
+
+    /// How many records of a `block`-byte block (its header in a unit of its own) one segment of
+    /// `segment` bytes holds.
+    fn records_per_segment(block: u64, segment: u64) -> u32 {
+        let unit = kvhoard_format::UNIT_BYTES;
+        let units = u32::try_from(block.div_ceil(unit) + 1).unwrap();
+        let header = [0u8; 300];
+        let mut seg = OpenSeg::new(0, 1);
+        let mut n = 0;
+        while seg.fits(units, header.len(), u32::try_from(segment / unit).unwrap()) {
+            seg.reserve(units, &header);
+            n += 1;
+        }
+        n
+    }
+
+    #[test]
+    fn large_volumes_get_segments_that_32_mib_blocks_fill_seven_eighths() {
+        assert_eq!(CreateOptions::default_segment_bytes(1 << 30), CreateOptions::SMALL_SEGMENT_BYTES);
+        assert_eq!(CreateOptions::default_segment_bytes((32 << 30) - 1), CreateOptions::SMALL_SEGMENT_BYTES);
+        assert_eq!(CreateOptions::default_segment_bytes(32 << 30), CreateOptions::LARGE_SEGMENT_BYTES);
+        assert_eq!(CreateOptions::default().segment_size_bytes, CreateOptions::SMALL_SEGMENT_BYTES);
+        // The reason: a record never spans segments.
+        assert_eq!(records_per_segment(32 << 20, CreateOptions::SMALL_SEGMENT_BYTES), 1);
+        assert_eq!(records_per_segment(32 << 20, CreateOptions::LARGE_SEGMENT_BYTES), 7);
+        assert_eq!(records_per_segment(2 << 20, CreateOptions::SMALL_SEGMENT_BYTES), 31);
     }
 }

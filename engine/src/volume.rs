@@ -132,7 +132,12 @@ pub fn plan(
     {
         return Err(StoreError::invalid(
             "segment size",
-            format!("{seg} bytes: use a multiple of 4 KiB between 1 MiB and 4 GiB (64MiB is a good default)"),
+            format!(
+                "{seg} bytes: use a multiple of 4 KiB between 1 MiB and 4 GiB, or leave it out for the default ({}MiB, or {}MiB from {}GiB of capacity)",
+                CreateOptions::SMALL_SEGMENT_BYTES >> 20,
+                CreateOptions::LARGE_SEGMENT_BYTES >> 20,
+                CreateOptions::LARGE_FROM_BYTES >> 30
+            ),
         ));
     }
     let slot =

@@ -70,8 +70,11 @@ pub enum Command {
         #[arg(long, value_parser = parse_size, value_name = "SIZE")]
         capacity: Option<u64>,
         /// Size of each segment, the unit of space reclaim; the largest block is a little smaller.
-        #[arg(long, value_parser = parse_size, default_value = "64MiB", value_name = "SIZE")]
-        segment_size: u64,
+        /// A block never spans segments: keep a segment several times the usual block (32 MiB
+        /// blocks fill 64 MiB segments only half). [default: 64MiB, or 256MiB for volumes of
+        /// 32GiB or more]
+        #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+        segment_size: Option<u64>,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,

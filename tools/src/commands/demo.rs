@@ -86,7 +86,10 @@ struct Report {
 impl Demo<'_> {
     fn run(&self) -> anyhow::Result<Report> {
         let capacity = (self.blocks * BLOCK_BYTES * 3 / 2).max(1 << 30);
-        let create = CreateOptions { capacity_bytes: Some(capacity), segment_size_bytes: 64 << 20 };
+        let create = CreateOptions {
+            capacity_bytes: Some(capacity),
+            segment_size_bytes: CreateOptions::default_segment_bytes(capacity),
+        };
         let store = Store::create(self.dir, &create, StoreOptions::default())
             .with_context(|| format!("cannot create the demo volume in {}", self.dir.display()))?;
         let mut r = Report { volume: self.dir.display().to_string(), blocks: self.blocks, ..Report::default() };

@@ -9,7 +9,7 @@ use crate::size::human;
 pub fn run(
     volume: &Path,
     capacity: Option<u64>,
-    segment_size: u64,
+    segment_size: Option<u64>,
     json: bool,
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
@@ -18,6 +18,13 @@ pub fn run(
         (Some(c), _) => Some(c),
         (None, true) => anyhow::bail!("a directory volume needs --capacity (for example --capacity 10GiB)"),
         (None, false) => None,
+    };
+    let segment_size = match segment_size {
+        Some(s) => s,
+        None => CreateOptions::default_segment_bytes(match capacity {
+            Some(c) => c,
+            None => device_bytes(volume)?,
+        }),
     };
     let store =
         Store::create(volume, &CreateOptions { capacity_bytes: capacity, segment_size_bytes: segment_size }, opts)
@@ -42,4 +49,11 @@ pub fn run(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The size of the block device (or file) at `path`: where a seek to its end lands.
+fn device_bytes(path: &Path) -> anyhow::Result<u64> {
+    use std::io::Seek;
+    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    file.seek(std::io::SeekFrom::End(0)).with_context(|| format!("cannot tell the size of {}", path.display()))
 }
