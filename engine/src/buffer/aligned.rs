@@ -10,12 +10,12 @@
 //! A buffer of [`HUGE_PAGE`] or more starts on a huge-page boundary and is advised to use
 //! transparent huge pages. The kernel backs only whole aligned huge pages that way: the rest,
 //! less than one, stays in 4 KiB pages, so a 2 MiB block's record of 2 MiB and 4 KiB does not
-//! take 4 MiB. A direct write or read of a
-//! buffer of scattered 4 KiB pages reaches the device as requests of at most `max_segments`
-//! pages each (254 on virtio-blk: about 1 MiB), and pinning it walks every page; in 2 MiB pages
-//! a 32 MiB record goes as requests of the device's largest size (docs/benchmarks.md, "Huge
-//! pages for large buffers"). Where transparent huge pages are off, the advice is refused and
-//! the buffer is as it would be without it.
+//! take 4 MiB. A direct write or read of a buffer of scattered 4 KiB pages reaches the device as
+//! requests of at most `max_segments` pages each (254 on virtio-blk: about 1 MiB), and pinning
+//! it walks every page; in 2 MiB pages a 32 MiB record goes as requests of the device's largest
+//! size (docs/benchmarks.md, "Huge pages for large buffers, seals that do not wait"). Where
+//! transparent huge pages are off, the advice is refused and the buffer is as it would be
+//! without it.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};

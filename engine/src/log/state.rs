@@ -61,7 +61,7 @@ pub(crate) struct LogState {
     /// becomes sealed once its records and every one before them are written
     /// ([`LogState::settle_drained`]). A seal that waited for its segment's records would leave
     /// the device idle at every segment boundary: with 32 MiB records in 64 MiB segments, at
-    /// every put (docs/benchmarks.md, "Seals that do not wait").
+    /// every put (docs/benchmarks.md, "Huge pages for large buffers, seals that do not wait").
     pub(crate) draining: VecDeque<OpenSeg>,
     /// Segments sealed (full, no more appends) whose summaries wait for the next device sync:
     /// a summary must not become durable before the records it lists, and a put that fills a
