@@ -21,8 +21,6 @@ mod state;
 
 pub(crate) use commit::GroupCommit;
 pub(crate) use open_seg::OpenSeg;
-#[cfg(test)]
-pub(crate) use state::MAX_DRAINING;
 pub(crate) use state::{Log, LogState};
 
 use kvhoard_format::UNIT_BYTES;

@@ -47,6 +47,11 @@ impl OpenSeg {
         unit
     }
 
+    /// Every record that starts before `unit` has been written.
+    pub(crate) fn written_before(&self, unit: u32) -> bool {
+        self.in_flight.range(..unit).next().is_none()
+    }
+
     /// The position through which every record has been written.
     pub(crate) fn written_through(&self) -> Pos {
         Pos { seq: self.seq, unit: self.in_flight.first().copied().unwrap_or(self.tail) }
@@ -78,8 +83,10 @@ mod tests {
         let a = seg.reserve(2, &[0; 200]);
         let b = seg.reserve(2, &[0; 200]);
         seg.in_flight.remove(&b);
+        assert!(!seg.written_before(b));
         assert_eq!(seg.written_through(), Pos { seq: 7, unit: a });
         seg.in_flight.remove(&a);
+        assert!(seg.written_before(b));
         assert_eq!(seg.written_through(), Pos { seq: 7, unit: 5 });
     }
 }

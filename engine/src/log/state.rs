@@ -2,15 +2,13 @@
 //!
 //! Segments move `Free → Open → Sealed → Free`: a segment use starts with a header (synced
 //! before the first record of a run, see [`Log::start_segment`]), takes reservations in log
-//! order until the next record does not fit, is sealed (closed for appends at once, while its
-//! last records may still be on their way to the device: it drains, and counts as sealed once
-//! they and every record before them are written; its summary then waits for a sync that covers
+//! order until the next record does not fit, is sealed (its summary waits for a sync that covers
 //! its records), and is freed by reclaim (its header zeroed and synced before anything it held
 //! leaves the index). A segment sealed by a clean close is resumed by the next run's first write
 //! instead. Every transition happens under the log lock; the caller orchestrates what needs other
 //! layers (reclaim, checkpoints) around them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -56,13 +54,6 @@ pub(crate) struct LogState {
     pub(crate) open: Option<OpenSeg>,
     /// A sealed segment with room that the first write after open resumes.
     pub(crate) resumable: Option<OpenSeg>,
-    /// Segments closed for appends whose records are still on their way to the device, oldest
-    /// first (at most [`MAX_DRAINING`]). Each is still [`SegState::Open`] in `segments`, and
-    /// becomes sealed once its records and every one before them are written
-    /// ([`LogState::settle_drained`]). A seal that waited for its segment's records would leave
-    /// the device idle at every segment boundary: with 32 MiB records in 64 MiB segments, at
-    /// every put (docs/benchmarks.md, "Huge pages for large buffers, seals that do not wait").
-    pub(crate) draining: VecDeque<OpenSeg>,
     /// Segments sealed (full, no more appends) whose summaries wait for the next device sync:
     /// a summary must not become durable before the records it lists, and a put that fills a
     /// segment should not wait for a sync of the whole segment. Until its summary is written,
@@ -94,34 +85,10 @@ pub(crate) struct LogState {
     superseded: Vec<Pos>,
 }
 
-/// Segments closed for appends and still draining, at most; a seal waits while this many are.
-/// Bytes in flight are bounded by the writer ([`crate::writer::WriterConfig::in_flight_bytes`]);
-/// this bounds only how many segments those bytes may span.
-pub(crate) const MAX_DRAINING: usize = 4;
-
 impl LogState {
-    /// Whether no reserved record is on its way to the device.
+    /// Whether no reserved record of the open segment is on its way to the device.
     pub(crate) fn nothing_in_flight(&self) -> bool {
-        self.draining.is_empty() && self.open.as_ref().is_none_or(|o| o.in_flight.is_empty())
-    }
-
-    /// The open or a draining segment at `index`, if it is either.
-    pub(crate) fn unsealed(&self, index: u32) -> Option<&OpenSeg> {
-        self.open.iter().chain(&self.draining).find(|o| o.index == index)
-    }
-
-    /// Seals the draining segments whose records, and every record before them, are written,
-    /// oldest first; their summaries then wait for the next sync. Not once poisoned: a failed
-    /// write may lie in them, and a summary listing it would bring its key back, naming bytes
-    /// that were never written (such a segment stays unsealed, and the next open scans it).
-    fn settle_drained(&mut self) {
-        while self.poisoned.is_none() && self.draining.front().is_some_and(|d| d.in_flight.is_empty()) {
-            let Some(seg) = self.draining.pop_front() else { break };
-            if let Some(s) = self.segments.get_mut(seg.index as usize) {
-                s.state = SegState::Sealed { end_unit: seg.tail };
-            }
-            self.unsummarized.push(seg);
-        }
+        self.open.as_ref().is_none_or(|o| o.in_flight.is_empty())
     }
 
     /// The state recovery rebuilt.
@@ -138,7 +105,6 @@ impl LogState {
             segments,
             open,
             resumable,
-            draining: VecDeque::new(),
             unsummarized: Vec::new(),
             cleaning: None,
             next_seq,
@@ -167,9 +133,8 @@ impl LogState {
     }
 
     /// Every segment as a checkpoint records it. Called with no record in flight, so the open
-    /// segment's tail is a written prefix and no segment is draining.
+    /// segment's tail is a written prefix.
     pub(crate) fn segment_table(&self) -> Vec<SegmentState> {
-        debug_assert!(self.draining.is_empty());
         self.segments
             .iter()
             .enumerate()
@@ -184,11 +149,10 @@ impl LogState {
             .collect()
     }
 
-    /// The position through which every reserved record has been written: draining segments
-    /// lie before the open one in the log.
+    /// The position through which every reserved record has been written.
     pub(crate) fn written_through(&self) -> Pos {
-        match self.draining.front().or(self.open.as_ref()) {
-            Some(seg) => seg.written_through(),
+        match &self.open {
+            Some(open) => open.written_through(),
             None => Pos { seq: self.next_seq, unit: 0 },
         }
     }
@@ -213,9 +177,8 @@ impl LogState {
 /// What sealing the open segment did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sealed {
-    /// Enough segments were sealed since the last checkpoint that one is due now. The seal then
-    /// waited for every record reserved so far to be written, so a snapshot taken now describes
-    /// a written prefix.
+    /// Enough segments were sealed since the last checkpoint that one is due now (every record
+    /// reserved so far is written, so a snapshot taken now describes a written prefix).
     pub(crate) checkpoint_due: bool,
 }
 
@@ -312,12 +275,8 @@ impl Log {
         })
     }
 
-    /// Closes segment use `seq` for appends: it drains ([`LogState::draining`]) and is sealed
-    /// once its records are written. Waits first while [`MAX_DRAINING`] segments drain, and,
-    /// when this seal makes a checkpoint due, until no record at all is in flight (the snapshot
-    /// must describe a written prefix). If another thread sealed it meanwhile, does nothing: the
-    /// segment open now is not the full one. Called holding no record of the caller's own
-    /// reserved and not yet handed to the writer, or the wait would never end.
+    /// Waits until no record of segment use `seq` is in flight, then seals it. If another
+    /// thread sealed it meanwhile, does nothing: the segment open now is not the full one.
     pub(crate) fn seal_open<'a>(
         &'a self,
         mut state: MutexGuard<'a, LogState>,
@@ -325,33 +284,21 @@ impl Log {
         checkpoint_every_segments: u32,
     ) -> Result<(MutexGuard<'a, LogState>, Sealed)> {
         let nothing = Sealed { checkpoint_due: false };
-        loop {
-            state.not_poisoned()?;
-            if state.open.as_ref().is_none_or(|o| o.seq != seq) {
-                return Ok((state, nothing));
-            }
-            let due = state.seals_since_checkpoint.saturating_add(1) >= checkpoint_every_segments;
-            let wait = if due { !state.nothing_in_flight() } else { state.draining.len() >= MAX_DRAINING };
-            if !wait {
-                break;
-            }
+        while state.open.as_ref().is_some_and(|o| o.seq == seq && !o.in_flight.is_empty()) && state.poisoned.is_none() {
             state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());
         }
+        state.not_poisoned()?;
+        if state.open.as_ref().is_none_or(|o| o.seq != seq) {
+            return Ok((state, nothing));
+        }
         let Some(open) = state.open.take() else { return Ok((state, nothing)) };
-        state.draining.push_back(open);
-        state.settle_drained();
+        if let Some(s) = state.segments.get_mut(open.index as usize) {
+            s.state = SegState::Sealed { end_unit: open.tail };
+        }
+        state.unsummarized.push(open);
         state.seals_since_checkpoint += 1;
         let checkpoint_due = state.seals_since_checkpoint >= checkpoint_every_segments;
         Ok((state, Sealed { checkpoint_due }))
-    }
-
-    /// Waits until no segment drains any more (or the log is poisoned), without holding the
-    /// lock meanwhile; called holding no record of the caller's own not yet handed over.
-    pub(crate) fn wait_drained<'a>(&'a self, mut state: MutexGuard<'a, LogState>) -> MutexGuard<'a, LogState> {
-        while !state.draining.is_empty() && state.poisoned.is_none() {
-            state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
-        state
     }
 
     /// Syncs the device, then writes the summaries of the segments sealed since the last sync.
@@ -523,16 +470,14 @@ impl Log {
         result: &std::result::Result<(), DeviceError>,
         fix_index: impl FnOnce(),
     ) {
-        let mut guard = self.lock();
-        let state = &mut *guard;
-        if let Some(seg) = state.open.iter_mut().chain(state.draining.iter_mut()).find(|o| o.seq == seq) {
-            seg.in_flight.remove(&loc.unit);
+        let mut state = self.lock();
+        if let Some(open) = state.open.as_mut().filter(|o| o.seq == seq) {
+            open.in_flight.remove(&loc.unit);
         }
         if let Err(e) = result {
             fix_index();
-            self.poison(state, e.to_string());
+            self.poison(&mut state, e.to_string());
         }
-        state.settle_drained();
         self.drop_pending(&loc);
         self.written.notify_all();
     }
@@ -576,7 +521,11 @@ impl Log {
         let mut state = self.lock();
         loop {
             state.not_poisoned()?;
-            if state.written_through() >= end {
+            let done = match &state.open {
+                Some(open) if open.seq == end.seq => open.written_before(end.unit),
+                _ => true,
+            };
+            if done {
                 return Ok(());
             }
             state = self.written.wait(state).unwrap_or_else(|e| e.into_inner());

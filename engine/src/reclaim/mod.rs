@@ -51,17 +51,6 @@ pub(crate) fn victim(parts: &Parts, state: &LogState) -> Result<u32> {
     Ok(choose_victim(parts, &sealed))
 }
 
-/// Whether some sealed segment could be reclaimed now ([`victim`] would choose one).
-pub(crate) fn any_victim(parts: &Parts, state: &LogState) -> bool {
-    !sealed_views(parts, state).is_empty()
-}
-
-/// Whether reclaiming `victim` now writes a checkpoint first ([`needs_checkpoint`]), which must
-/// describe a written prefix of the log: nothing may be in flight then.
-pub(crate) fn needs_checkpoint_to_free(parts: &Parts, state: &LogState, victim: u32) -> bool {
-    needs_checkpoint(parts, &every_sealed_view(parts, state), victim)
-}
-
 /// Every sealed segment as placement sees it (the one a cleaner is emptying left out, unless it
 /// is the only one), with the units of its records still live.
 pub(crate) fn sealed_views(parts: &Parts, state: &LogState) -> Vec<SegmentView> {

@@ -91,19 +91,17 @@ impl Store {
                 .filter(|(_, s)| s.state != SegState::Free && after.is_none_or(|a| s.seq >= a.seq))
                 .map(|(i, s)| (s.seq, i as u32, matches!(s.state, SegState::Open)))
                 .collect();
-            // The open segment and those still draining: their records may not all be on the
-            // device yet, their summaries are in memory.
-            let open: Vec<(u64, Vec<u8>, u32)> =
-                state.open.iter().chain(&state.draining).map(|o| (o.seq, o.summary.clone(), o.records)).collect();
+            let open = state.open.as_ref().map(|o| (o.seq, o.summary.clone(), o.records));
             (segments, open)
         };
         segments.sort_unstable();
         let mut page = ListPage::default();
         for (seq, index, is_open) in segments {
-            let unsealed = open.iter().find(|(open_seq, _, _)| is_open && *open_seq == seq);
-            let entries = match unsealed {
-                Some((_, bytes, count)) => summary::decode(bytes, *count, crc32c::crc32c(bytes)).unwrap_or_default(),
-                None => read_segment(parts.log.dev.as_ref(), &parts.log.sb, index, seq, 1)?,
+            let entries = match (&open, is_open) {
+                (Some((open_seq, bytes, count)), true) if *open_seq == seq => {
+                    summary::decode(bytes, *count, crc32c::crc32c(bytes)).unwrap_or_default()
+                }
+                _ => read_segment(parts.log.dev.as_ref(), &parts.log.sb, index, seq, 1)?,
             };
             for e in entries {
                 let pos = Pos { seq, unit: e.unit };

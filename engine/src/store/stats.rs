@@ -162,15 +162,14 @@ impl Store {
             let state = parts.log.lock();
             let mut used = 0u64;
             let (mut free, mut sealed) = (0, 0);
-            for (i, s) in state.segments.iter().enumerate() {
+            for s in &state.segments {
                 match s.state {
                     SegState::Free => free += 1,
                     SegState::Sealed { end_unit } => {
                         sealed += 1;
                         used += u64::from(end_unit);
                     }
-                    // The open segment, or one closed for appends and still draining.
-                    SegState::Open => used += state.unsealed(i as u32).map_or(1, |o| u64::from(o.tail)),
+                    SegState::Open => used += state.open.as_ref().map_or(1, |o| u64::from(o.tail)),
                 }
             }
             (free, sealed, used, state.poisoned.clone())
