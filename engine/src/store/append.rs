@@ -92,7 +92,9 @@ impl<'a> Prepared<'a> {
         before: ContentFp,
     ) -> Prepared<'a> {
         let content = header_fp(&header);
-        let buf = Some(record_buffer(pool, &header, stored));
+        let (buf, crc) = record_buffer(pool, &header, stored);
+        debug_assert_eq!(crc, header.payload_crc);
+        let buf = Some(buf);
         Prepared {
             header,
             payload: stored,
@@ -211,15 +213,17 @@ impl Parts {
             }
         }
         let content = header_fp(&header);
-        if self.index_read().content_slot(&content).is_some() {
+        let stored = compressed.as_deref().unwrap_or(bytes);
+        let buf = if self.index_read().content_slot(&content).is_some() {
             // The bytes are stored already: a link record names them.
             header.kind = RecordKind::Link;
             header.stored_len = 0;
+            None
         } else {
-            header.payload_crc = crc32c::crc32c(compressed.as_deref().unwrap_or(bytes));
-        }
-        let stored = compressed.as_deref().unwrap_or(bytes);
-        let buf = (header.kind == RecordKind::Block).then(|| record_buffer(&self.pool, &header, stored));
+            let (buf, crc) = record_buffer(&self.pool, &header, stored);
+            header.payload_crc = crc;
+            Some(buf)
+        };
         let key = key_fp(namespace, &header.key);
         Prepared {
             header,
@@ -294,25 +298,7 @@ impl Parts {
                         if self.log.resume_if_resumable(&mut state)? {
                             continue;
                         }
-                        // No segment free: reclaim needs a sealed victim, and a checkpoint first
-                        // where the victim needs one, which describes a written prefix. While
-                        // segments drain, there may be neither: they are waited for (without
-                        // the lock, and with this call's own records handed over).
-                        let draining = !state.draining.is_empty() && state.free_segment().is_none();
-                        let mut victim = None;
-                        if !draining || crate::reclaim::any_victim(self, &state) {
-                            victim = self.victim_to_reclaim(&state)?;
-                        }
-                        if draining && victim.is_none_or(|v| crate::reclaim::needs_checkpoint_to_free(self, &state, v))
-                        {
-                            if !jobs.is_empty() {
-                                return Ok((jobs, done));
-                            }
-                            state = self.log.wait_drained(state);
-                            state = self.log.let_quiet(state);
-                            state.writable()?;
-                            continue;
-                        }
+                        let victim = self.victim_to_reclaim(&state)?;
                         if let Some(end) = victim.and_then(|v| self.log.superseded_unsynced(&state, v)) {
                             // The segment reclaim would free holds records superseded by ones
                             // not durable yet: they are made durable first, without the lock
@@ -365,8 +351,9 @@ impl Parts {
                     // The bytes were reclaimed since prepare(): store them again.
                     item.header.kind = RecordKind::Block;
                     item.header.stored_len = item.stored().len() as u64;
-                    item.header.payload_crc = crc32c::crc32c(item.stored());
-                    item.buf = Some(record_buffer(&self.pool, &item.header, item.stored()));
+                    let (buf, crc) = record_buffer(&self.pool, &item.header, item.stored());
+                    item.header.payload_crc = crc;
+                    item.buf = Some(buf);
                     continue;
                 }
                 break;
@@ -393,7 +380,7 @@ impl Parts {
         item.header.segment_seq = open.seq;
         let encoded = item.header.encode();
         let (loc, seq) = (Loc { segment: open.index, unit: open.tail }, open.seq);
-        let mut buf = item.buf.take().unwrap_or_else(|| record_buffer(&self.pool, &item.header, &[]));
+        let mut buf = item.buf.take().unwrap_or_else(|| record_buffer(&self.pool, &item.header, &[]).0);
         if let Some(dst) = buf.get_mut(..encoded.len()) {
             dst.copy_from_slice(&encoded);
         }
@@ -546,7 +533,11 @@ impl Parts {
 ///
 /// The buffer comes from the pool with stale contents: everything but the header bytes is
 /// written here (the padding as zeros), and the header bytes are written at reservation.
-fn record_buffer(pool: &Arc<BufferPool>, header: &RecordHeader, payload: &[u8]) -> PooledBuf {
+/// Returns the buffer and the crc32c of the payload as copied (of nothing for a link).
+fn record_buffer(pool: &Arc<BufferPool>, header: &RecordHeader, payload: &[u8]) -> (PooledBuf, u32) {
+    /// Copied and checksummed a piece at a time, so that the checksum reads each piece while it
+    /// is still in the core's cache rather than the whole payload again from memory.
+    const PIECE: usize = 256 << 10;
     let mut buf = pool.get(header.record_bytes() as usize);
     let start = header.payload_offset() as usize;
     let payload = if header.kind == RecordKind::Block { payload } else { &[] };
@@ -554,11 +545,15 @@ fn record_buffer(pool: &Arc<BufferPool>, header: &RecordHeader, payload: &[u8]) 
     if let Some(head) = buf.get_mut(..start) {
         head.fill(0);
     }
+    let mut crc = 0;
     if let Some(dst) = buf.get_mut(start..end) {
-        dst.copy_from_slice(payload);
+        for (to, from) in dst.chunks_mut(PIECE).zip(payload.chunks(PIECE)) {
+            to.copy_from_slice(from);
+            crc = crc32c::crc32c_append(crc, to);
+        }
     }
     if let Some(tail) = buf.get_mut(end..) {
         tail.fill(0);
     }
-    buf
+    (buf, crc)
 }
