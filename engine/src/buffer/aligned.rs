@@ -13,8 +13,8 @@
 //! take 4 MiB. A direct write or read of a buffer of scattered 4 KiB pages reaches the device as
 //! requests of at most `max_segments` pages each (254 on virtio-blk: about 1 MiB), and pinning
 //! it walks every page; in 2 MiB pages a 32 MiB record goes as requests of the device's largest
-//! size (docs/benchmarks.md, "Huge pages for large buffers, seals that do not wait"). Where
-//! transparent huge pages are off, the advice is refused and the buffer is as it would be
+//! size (docs/benchmarks.md, "Huge pages for large buffers, and the writer's next record").
+//! Where transparent huge pages are off, the advice is refused and the buffer is as it would be
 //! without it.
 
 use std::alloc::{self, Layout};

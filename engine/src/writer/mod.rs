@@ -41,7 +41,8 @@ pub struct WriterConfig {
     /// Bytes of records the writer has taken and not yet written: the device's queue is kept
     /// this full (the writer takes another record while fewer are in flight, so by up to one
     /// record more). As many again may wait to be taken before a put waits to hand its records
-    /// over, so up to twice this (and two records more) is held for writing at once.
+    /// over; a put that does not wait hands over at once all the records one reservation made
+    /// (at most a segment's worth), which bounds what is held for writing beyond the two.
     pub in_flight_bytes: u64,
     /// The largest write of records joined: records that follow one another on the device are
     /// joined into writes of up to this size. A larger record is a write of its own.
