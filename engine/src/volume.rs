@@ -133,7 +133,7 @@ pub fn plan(
         return Err(StoreError::invalid(
             "segment size",
             format!(
-                "{seg} bytes: use a multiple of 4 KiB between 1 MiB and 4 GiB, or leave it out for the default ({}MiB, or {}MiB from {}GiB of capacity)",
+                "{seg} bytes: use a multiple of 4 KiB between 1 MiB and 4 GiB (the default is {}MiB, or {}MiB from {}GiB of capacity)",
                 CreateOptions::SMALL_SEGMENT_BYTES >> 20,
                 CreateOptions::LARGE_SEGMENT_BYTES >> 20,
                 CreateOptions::LARGE_FROM_BYTES >> 30

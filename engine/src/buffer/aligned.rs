@@ -45,11 +45,25 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// Allocates `len` bytes rounded up to a whole number of units (at least one).
+    /// Large buffers are advised to use huge pages: for buffers written whole at once (a record,
+    /// a device read), not for those filled over time ([`AlignedBuf::zeroed_for_stream`]).
     pub fn zeroed(len: usize) -> AlignedBuf {
+        Self::new(len, true)
+    }
+
+    /// As [`AlignedBuf::zeroed`], in 4 KiB pages only: for a buffer filled over time, as a
+    /// client's bytes arrive, whose memory must grow with them. In huge pages the first byte of
+    /// each 2 MiB would make all of it resident (a server holding many slow uploads measured
+    /// 320 MiB over a 256 MiB budget that way).
+    pub fn zeroed_for_stream(len: usize) -> AlignedBuf {
+        Self::new(len, false)
+    }
+
+    fn new(len: usize, huge: bool) -> AlignedBuf {
         let unit = UNIT_BYTES as usize;
         let len = len.max(1).div_ceil(unit) * unit;
         if len >= MAP_MIN {
-            if let Some(ptr) = map(len) {
+            if let Some(ptr) = map(len, huge) {
                 return AlignedBuf { ptr, len, mapped: true };
             }
             // Out of mappings (vm.max_map_count): malloc may still have room.
@@ -86,11 +100,14 @@ impl DerefMut for AlignedBuf {
     }
 }
 
-/// Maps `len` (a multiple of the page size) zeroed bytes, or `None` if the kernel refuses. From
-/// [`HUGE_PAGE`] up, the mapping starts on a huge-page boundary and is advised to use huge
-/// pages.
-fn map(len: usize) -> Option<NonNull<u8>> {
-    if len < HUGE_PAGE {
+/// Maps `len` (a multiple of 4 KiB) zeroed bytes, or `None` if the kernel refuses. From
+/// [`HUGE_PAGE`] up, if `huge` and where pages are 4 KiB, the mapping starts on a huge-page boundary and is
+/// advised to use huge pages. (With larger pages, `len` need not be a multiple of one, so the
+/// excess could not be trimmed exactly; and a huge page there is not 2 MiB.)
+fn map(len: usize, huge: bool) -> Option<NonNull<u8>> {
+    // SAFETY: sysconf reads a constant of the running kernel and has no other effect.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if !huge || len < HUGE_PAGE || page != 4096 {
         return map_anonymous(len);
     }
     // One huge page more than needed, so that a boundary lies in its first one; the excess on
@@ -100,14 +117,17 @@ fn map(len: usize) -> Option<NonNull<u8>> {
     let (head, tail) = (start - raw, raw + HUGE_PAGE - start);
     // SAFETY: [raw, start) and [start + len, raw + len + HUGE_PAGE) lie inside the mapping just
     // made, which nothing else refers to; unmapping them leaves exactly [start, start + len)
-    // mapped. Both lengths are multiples of the page size (raw and start are page aligned);
-    // a zero length is skipped, since munmap refuses it.
+    // mapped. Both lengths are multiples of the page size (4 KiB, checked above: raw and start
+    // are page aligned, and len is a multiple of 4 KiB); a zero length is skipped, since munmap
+    // refuses it.
     unsafe {
         if head > 0 {
-            libc::munmap(raw as *mut libc::c_void, head);
+            let rc = libc::munmap(raw as *mut libc::c_void, head);
+            debug_assert_eq!(rc, 0);
         }
         if tail > 0 {
-            libc::munmap((start + len) as *mut libc::c_void, tail);
+            let rc = libc::munmap((start + len) as *mut libc::c_void, tail);
+            debug_assert_eq!(rc, 0);
         }
     }
     // SAFETY: [start, start + len) is that private anonymous mapping, owned by the caller; the
@@ -188,7 +208,10 @@ mod tests {
             let mut b = AlignedBuf::zeroed(len);
             assert!(b.mapped);
             assert_eq!(b.len(), len);
-            assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0, "{len}");
+            // SAFETY: sysconf has no effect beyond returning the kernel's page size.
+            if unsafe { libc::sysconf(libc::_SC_PAGESIZE) } == 4096 {
+                assert_eq!(b.as_ptr() as usize % HUGE_PAGE, 0, "{len}");
+            }
             assert!(b.iter().all(|&x| x == 0));
             b.fill(9);
             assert!(b.iter().all(|&x| x == 9));

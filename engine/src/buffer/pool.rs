@@ -28,8 +28,19 @@ impl BufferPool {
     }
 
     /// A buffer of at least `len` bytes (whole units), exposing exactly `len` bytes. Its contents
-    /// are unspecified: the caller overwrites what it uses.
+    /// are unspecified: the caller overwrites what it uses. A fresh one is advised to use huge
+    /// pages ([`AlignedBuf::zeroed`]): for buffers written whole at once.
     pub fn get(self: &Arc<Self>, len: usize) -> PooledBuf {
+        self.get_with(len, AlignedBuf::zeroed)
+    }
+
+    /// As [`BufferPool::get`], for a buffer filled over time as a client's bytes arrive: a fresh
+    /// one takes memory only as it is written ([`AlignedBuf::zeroed_for_stream`]).
+    pub fn get_for_stream(self: &Arc<Self>, len: usize) -> PooledBuf {
+        self.get_with(len, AlignedBuf::zeroed_for_stream)
+    }
+
+    fn get_with(self: &Arc<Self>, len: usize, fresh: fn(usize) -> AlignedBuf) -> PooledBuf {
         let reused = {
             let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
             // Best fit no more than twice the size, so large buffers are not wasted on small blocks.
@@ -41,7 +52,7 @@ impl BufferPool {
                 .map(|(i, _)| i);
             best.map(|i| free.swap_remove(i).0)
         };
-        let buf = reused.unwrap_or_else(|| AlignedBuf::zeroed(len));
+        let buf = reused.unwrap_or_else(|| fresh(len));
         PooledBuf { buf: Some(buf), len, pool: Arc::clone(self) }
     }
 

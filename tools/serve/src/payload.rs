@@ -22,8 +22,9 @@ pub(crate) struct Memory<'a> {
     pub patience: Duration,
 }
 
-/// Reads `len` bytes. The buffer is mapped lazily ([`kvhoard_engine::buffer::AlignedBuf`]), so
-/// memory, like room, is taken only as the bytes arrive.
+/// Reads `len` bytes. The buffer is mapped lazily, in 4 KiB pages
+/// ([`kvhoard_engine::buffer::AlignedBuf::zeroed_for_stream`]), so memory, like room, is taken
+/// only as the bytes arrive.
 pub(crate) async fn read<R: AsyncRead + Unpin>(
     r: &mut R,
     len: usize,
@@ -31,7 +32,7 @@ pub(crate) async fn read<R: AsyncRead + Unpin>(
     memory: &Memory<'_>,
 ) -> Result<(PooledBuf, Room), End> {
     let mut claim = memory.budget.claim();
-    let mut buf = memory.pool.get(len);
+    let mut buf = memory.pool.get_for_stream(len);
     let mut done = 0usize;
     while done < len {
         if claim.held_bytes() <= done as u64 {

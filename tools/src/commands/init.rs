@@ -19,12 +19,13 @@ pub fn run(
         (None, true) => anyhow::bail!("a directory volume needs --capacity (for example --capacity 10GiB)"),
         (None, false) => None,
     };
-    let segment_size = match segment_size {
-        Some(s) => s,
-        None => CreateOptions::default_segment_bytes(match capacity {
-            Some(c) => c,
-            None => device_bytes(volume)?,
-        }),
+    // The default follows the capacity the volume will have: a device's --capacity is capped
+    // at its size.
+    let segment_size = match (segment_size, capacity) {
+        (Some(s), _) => s,
+        (None, Some(c)) if is_dir => CreateOptions::default_segment_bytes(c),
+        (None, Some(c)) => CreateOptions::default_segment_bytes(c.min(device_bytes(volume)?)),
+        (None, None) => CreateOptions::default_segment_bytes(device_bytes(volume)?),
     };
     let store =
         Store::create(volume, &CreateOptions { capacity_bytes: capacity, segment_size_bytes: segment_size }, opts)
