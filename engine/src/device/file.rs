@@ -48,7 +48,7 @@ impl FileDevice {
 }
 
 /// The size of a regular file or of a block device (whose metadata length is 0).
-pub(crate) fn device_size(file: &File) -> std::io::Result<u64> {
+pub fn device_size(file: &File) -> std::io::Result<u64> {
     use std::io::{Seek, SeekFrom};
     let meta = file.metadata()?;
     if meta.is_file() {

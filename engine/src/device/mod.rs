@@ -14,7 +14,7 @@ mod uring;
 mod uring_queue;
 
 pub use fault::{FaultDevice, FaultKind, Faults};
-pub use file::FileDevice;
+pub use file::{device_size, FileDevice};
 pub use memory::{CrashMode, MemDevice};
 pub use queue::{Completion, Immediate, Waker, WriteQueue};
 pub use uring::{UringConfig, UringDevice};

@@ -60,6 +60,20 @@ pub struct ContentEntry {
 }
 
 impl ContentEntry {
+    /// The entry of block record `h` (content fingerprint `fp`) at `record`, `units` long, in
+    /// namespace `ns`; no key refers to it yet.
+    pub fn of_record(h: &kvhoard_format::record::RecordHeader, fp: ContentFp, record: Loc, units: u32, ns: u16) -> Self {
+        ContentEntry {
+            fp,
+            record,
+            units,
+            raw_len: h.raw_len as u32,
+            refs: 0,
+            ns,
+            codec: kvhoard_kernels::codec_class(&h.compression),
+        }
+    }
+
     /// Bytes its record occupies on the device.
     pub fn record_bytes(&self) -> u64 {
         u64::from(self.units) * kvhoard_format::UNIT_BYTES

@@ -186,6 +186,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
     order.sort_by_key(|&i| segments.get(i as usize).map_or(0, |s| s.seq));
     let mut scratch = AlignedBuf::zeroed(UNIT_BYTES as usize);
+    let mut replay = Replay::default();
     for i in order {
         let seq = seq_of(i);
         let from_unit = match covered(i) {
@@ -203,7 +204,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         match read_summary(dev, sb, i, seq)? {
             Ok((entries, end_unit)) => {
                 for e in entries.iter().filter(|e| e.unit >= from_unit) {
-                    apply(&mut index, i, e, &seq_of);
+                    replay.apply(&mut index, i, e, &seq_of);
                     report.records_replayed += 1;
                 }
                 set_sealed(&mut segments, i, end_unit);
@@ -215,9 +216,10 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
                 let boot = boots.get(i as usize).copied().unwrap_or(0);
                 let settled = settle(dev, sb, i, seq, boot != 0 && boot == dev.boot())?;
                 for e in settled.entries.iter().filter(|e| e.unit >= from_unit) {
-                    apply(&mut index, i, e, &seq_of);
+                    replay.apply(&mut index, i, e, &seq_of);
                     report.records_replayed += 1;
                 }
+                replay.settled(&settled);
                 unsealed.push((i, seq, settled));
             }
         }
@@ -422,48 +424,65 @@ pub(crate) fn void_freed_ahead(
     voided
 }
 
-/// Applies one record to the index, as the store did when it wrote it. `seq_of` gives the seq of
-/// each segment's current use (a `Lost` entry voids keys by log position).
-pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &dyn Fn(u32) -> u64) {
-    let h = &e.header;
-    if h.kind == RecordKind::Lost {
-        let at = Pos { seq: h.segment_seq, unit: e.unit };
-        let voided = index.void_keys(|k| Pos { seq: seq_of(k.record.segment), unit: k.record.unit } < at);
-        tracing::warn!(segment, unit = e.unit, voided, "a lost record voids every key written before it");
-        return;
+/// Replays records into an index in log order, as the store applied them when it wrote them,
+/// and carries what one segment use tells about the next.
+#[derive(Debug, Default)]
+pub(crate) struct Replay {
+    /// A use replayed before was settled after a power loss ([`settle::Settled::after_power_loss`]).
+    torn_before: bool,
+}
+
+impl Replay {
+    /// Notes that a use settled as `settled` has been replayed: what follows comes after it.
+    pub(crate) fn settled(&mut self, settled: &settle::Settled) {
+        self.torn_before |= settled.after_power_loss;
     }
-    let Some(ns) = index.ns_id_or_insert(&h.namespace) else {
-        tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
-        return;
-    };
-    let key = key_fp(&h.namespace, &h.key);
-    let loc = Loc { segment, unit: e.unit };
-    let expires = expiry(h.created_unix_ms, h.ttl_secs);
-    match h.kind {
-        RecordKind::Block => {
-            let units = (h.record_bytes() / UNIT_BYTES) as u32;
-            let block = ContentEntry {
-                fp: header_fp(h),
-                record: loc,
-                units,
-                raw_len: h.raw_len as u32,
-                refs: 0,
-                ns,
-                codec: kvhoard_kernels::codec_class(&h.compression),
-            };
-            index.apply_block(key, block, expires);
+
+    /// Applies one record to the index. `seq_of` gives the seq of each segment's current use (a
+    /// `Lost` entry voids keys by log position).
+    pub(crate) fn apply(&self, index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &dyn Fn(u32) -> u64) {
+        let h = &e.header;
+        if h.kind == RecordKind::Lost {
+            let at = Pos { seq: h.segment_seq, unit: e.unit };
+            let voided = index.void_keys(|k| Pos { seq: seq_of(k.record.segment), unit: k.record.unit } < at);
+            tracing::warn!(segment, unit = e.unit, voided, "a lost record voids every key written before it");
+            return;
         }
-        RecordKind::Link => {
-            // The link is the key's newest record so far: if its bytes are not stored (their
-            // segment was reclaimed), the key is a miss, never the version it named before.
-            if !index.apply_link(ns, key, header_fp(h), loc, expires) {
+        let Some(ns) = index.ns_id_or_insert(&h.namespace) else {
+            tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
+            return;
+        };
+        let key = key_fp(&h.namespace, &h.key);
+        let loc = Loc { segment, unit: e.unit };
+        let expires = expiry(h.created_unix_ms, h.ttl_secs);
+        match h.kind {
+            RecordKind::Block => {
+                let units = (h.record_bytes() / UNIT_BYTES) as u32;
+                index.apply_block(key, ContentEntry::of_record(h, header_fp(h), loc, units, ns), expires);
+            }
+            RecordKind::Link => {
+                if index.apply_link(ns, key, header_fp(h), loc, expires) {
+                    return;
+                }
+                if self.torn_before {
+                    // An earlier use lost its tail to a power loss: the bytes this link names were
+                    // in it and never became durable, so neither did the link (no sync came
+                    // between them), and the key keeps what it held before, as a lost write
+                    // leaves it. Bytes reclaimed after the link cannot be why: reclaim syncs
+                    // before it erases, and the summaries of every use sealed before the link are
+                    // then durable, so no use before it would have been settled.
+                    tracing::warn!(segment, unit = e.unit, key = %h.key, "a link names bytes a power loss took; the key keeps its earlier version");
+                    return;
+                }
+                // The link is the key's newest record so far and its bytes are not stored (their
+                // segment was reclaimed): the key is a miss, never the version it named before.
                 index.remove_key(&key);
             }
+            RecordKind::Tombstone => {
+                index.remove_key(&key);
+            }
+            RecordKind::Lost => {}
         }
-        RecordKind::Tombstone => {
-            index.remove_key(&key);
-        }
-        RecordKind::Lost => {}
     }
 }
 

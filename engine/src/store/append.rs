@@ -497,16 +497,7 @@ impl Parts {
         let expires = expiry(h.created_unix_ms, h.ttl_secs);
         match h.kind {
             RecordKind::Block => {
-                let block = ContentEntry {
-                    fp: content,
-                    record: loc,
-                    units,
-                    raw_len: h.raw_len as u32,
-                    refs: 0,
-                    ns,
-                    codec: kvhoard_kernels::codec_class(&h.compression),
-                };
-                index.apply_block(key, block, expires);
+                index.apply_block(key, ContentEntry::of_record(h, content, loc, units, ns), expires);
             }
             RecordKind::Link => {
                 // Reserved under the log lock right after its bytes were found stored, and

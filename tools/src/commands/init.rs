@@ -52,9 +52,8 @@ pub fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The size of the block device (or file) at `path`: where a seek to its end lands.
+/// The size of the block device (or file) at `path`.
 fn device_bytes(path: &Path) -> anyhow::Result<u64> {
-    use std::io::Seek;
-    let mut file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    file.seek(std::io::SeekFrom::End(0)).with_context(|| format!("cannot tell the size of {}", path.display()))
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    kvhoard_engine::device::device_size(&file).with_context(|| format!("cannot tell the size of {}", path.display()))
 }
