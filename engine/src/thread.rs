@@ -14,6 +14,20 @@ pub(crate) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<Joi
     })
 }
 
+/// Starts a named engine thread in `scope` (one that borrows from its caller, joined when the
+/// scope ends); failing to start one is an error of the volume being opened.
+pub(crate) fn spawn_scoped<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    name: &str,
+    f: impl FnOnce() + Send + 'scope,
+) -> Result<std::thread::ScopedJoinHandle<'scope, ()>> {
+    std::thread::Builder::new().name(name.into()).spawn_scoped(scope, f).map_err(|source| StoreError::File {
+        action: "cannot start a thread (out of threads or memory?) for",
+        path: "<volume>".into(),
+        source,
+    })
+}
+
 /// Ends a periodic engine thread: it waits between rounds with [`Stopper::wait`], and
 /// [`Stopper::stop`] ends the wait at once.
 #[derive(Debug, Default)]

@@ -62,7 +62,13 @@ pub struct ContentEntry {
 impl ContentEntry {
     /// The entry of block record `h` (content fingerprint `fp`) at `record`, `units` long, in
     /// namespace `ns`; no key refers to it yet.
-    pub fn of_record(h: &kvhoard_format::record::RecordHeader, fp: ContentFp, record: Loc, units: u32, ns: u16) -> Self {
+    pub fn of_record(
+        h: &kvhoard_format::record::RecordHeader,
+        fp: ContentFp,
+        record: Loc,
+        units: u32,
+        ns: u16,
+    ) -> Self {
         ContentEntry {
             fp,
             record,

@@ -17,17 +17,17 @@ use crate::buffer::AlignedBuf;
 use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::error::Result;
-use crate::index::{header_fp, key_fp, ContentEntry, Index};
+use crate::index::{ContentEntry, Index};
 use crate::log::probe::look_past;
-use crate::log::scan::{read_summary, sealed_end};
 use crate::log::seal::write_seal;
 use crate::log::{Loc, OpenSeg, Pos, SegInfo, SegState};
 
 pub(crate) mod headers;
+mod read_ahead;
 pub(crate) mod settle;
 
 use headers::{read_header, HeaderRead};
-use settle::settle;
+use read_ahead::{EntryFps, ReadUse};
 
 /// What opening the volume found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -185,45 +185,25 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     let mut order: Vec<u32> =
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
     order.sort_by_key(|&i| segments.get(i as usize).map_or(0, |s| s.seq));
-    let mut scratch = AlignedBuf::zeroed(UNIT_BYTES as usize);
     let mut replay = Replay::default();
-    for i in order {
-        let seq = seq_of(i);
-        let from_unit = match covered(i) {
-            // Sealed when the checkpoint was written and still sealed at the same end. A segment
-            // resumed for appends after the checkpoint has lost its trailer, or has been sealed
-            // again further on: replay what follows the checkpoint's end.
-            Some((true, end_unit)) if sealed_end(dev, sb, i, seq, &mut scratch)? == Some(end_unit) => {
-                set_sealed(&mut segments, i, end_unit);
-                continue;
-            }
-            Some((_, end_unit)) => end_unit,
-            None => 1,
-        };
-        report.segments_replayed += 1;
-        match read_summary(dev, sb, i, seq)? {
-            Ok((entries, end_unit)) => {
-                for e in entries.iter().filter(|e| e.unit >= from_unit) {
-                    replay.apply(&mut index, i, e, &seq_of);
-                    report.records_replayed += 1;
-                }
+    let plan = read_ahead::Plan { dev, sb, order: &order, seqs: &seqs, boots: &boots, covered: &covered };
+    read_ahead::read_ahead(&plan, |read| {
+        match read {
+            ReadUse::Covered { index: i, end_unit } => set_sealed(&mut segments, i, end_unit),
+            ReadUse::Summarized { index: i, from_unit, entries, fps, end_unit } => {
+                report.segments_replayed += 1;
+                report.records_replayed += replay.apply_all(&mut index, i, &entries, &fps, from_unit, &seq_of);
                 set_sealed(&mut segments, i, end_unit);
             }
-            Err(why) => {
-                if let Some(why) = why {
-                    tracing::warn!(segment = i, reason = %why, "segment summary unusable; scanning the segment");
-                }
-                let boot = boots.get(i as usize).copied().unwrap_or(0);
-                let settled = settle(dev, sb, i, seq, boot != 0 && boot == dev.boot())?;
-                for e in settled.entries.iter().filter(|e| e.unit >= from_unit) {
-                    replay.apply(&mut index, i, e, &seq_of);
-                    report.records_replayed += 1;
-                }
+            ReadUse::Settled { index: i, seq, from_unit, settled, fps } => {
+                report.segments_replayed += 1;
+                report.records_replayed += replay.apply_all(&mut index, i, &settled.entries, &fps, from_unit, &seq_of);
                 replay.settled(&settled);
                 unsealed.push((i, seq, settled));
             }
         }
-    }
+        Ok(())
+    })?;
     index.replaying(false);
     report.keys_voided = void_freed_ahead(&mut index, freed_ahead, report.checkpoint_seq, &seq_of);
     // The newest unsealed segment is appended to again if nothing of its use lies past its
@@ -441,6 +421,37 @@ impl Replay {
     /// Applies one record to the index. `seq_of` gives the seq of each segment's current use (a
     /// `Lost` entry voids keys by log position).
     pub(crate) fn apply(&self, index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &dyn Fn(u32) -> u64) {
+        self.apply_with(index, segment, e, EntryFps::of(&e.header), seq_of);
+    }
+
+    /// Applies the entries of segment `segment` from unit `from_unit` on, with their
+    /// fingerprints (`fps`, in step with `entries`); returns how many.
+    fn apply_all(
+        &self,
+        index: &mut Index,
+        segment: u32,
+        entries: &[SummaryEntry],
+        fps: &[EntryFps],
+        from_unit: u32,
+        seq_of: &dyn Fn(u32) -> u64,
+    ) -> u64 {
+        let mut applied = 0;
+        for (e, fps) in entries.iter().zip(fps).filter(|(e, _)| e.unit >= from_unit) {
+            self.apply_with(index, segment, e, *fps, seq_of);
+            applied += 1;
+        }
+        applied
+    }
+
+    /// [`Replay::apply`], with the record's fingerprints computed already (`fps`).
+    fn apply_with(
+        &self,
+        index: &mut Index,
+        segment: u32,
+        e: &SummaryEntry,
+        fps: EntryFps,
+        seq_of: &dyn Fn(u32) -> u64,
+    ) {
         let h = &e.header;
         if h.kind == RecordKind::Lost {
             let at = Pos { seq: h.segment_seq, unit: e.unit };
@@ -452,16 +463,16 @@ impl Replay {
             tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
             return;
         };
-        let key = key_fp(&h.namespace, &h.key);
+        let key = fps.key;
         let loc = Loc { segment, unit: e.unit };
         let expires = expiry(h.created_unix_ms, h.ttl_secs);
         match h.kind {
             RecordKind::Block => {
                 let units = (h.record_bytes() / UNIT_BYTES) as u32;
-                index.apply_block(key, ContentEntry::of_record(h, header_fp(h), loc, units, ns), expires);
+                index.apply_block(key, ContentEntry::of_record(h, fps.content, loc, units, ns), expires);
             }
             RecordKind::Link => {
-                if index.apply_link(ns, key, header_fp(h), loc, expires) {
+                if index.apply_link(ns, key, fps.content, loc, expires) {
                     return;
                 }
                 if self.torn_before {

@@ -765,6 +765,37 @@ fn a_link_whose_block_a_power_loss_tore_away_leaves_the_key_its_synced_version()
 }
 
 #[test]
+fn a_read_failing_anywhere_in_recovery_fails_the_open_cleanly() {
+    // Several sealed segments and an open one, no checkpoint since: recovery reads summaries
+    // on a thread ahead of the one applying them. A read failing at any point of that must
+    // fail the open with the error (or, past recovery, the read it hit), never hang, panic or
+    // open a volume missing acknowledged blocks.
+    let (dev, s) = mem_store(8);
+    for i in 0..40u64 {
+        s.put("default", &format!("k{i}"), &block(i, 60_000), &PutOptions::default()).unwrap();
+    }
+    assert!(s.stats().segments_sealed >= 2);
+    let image = dev.crash(CrashMode::KeepAll).image();
+    std::mem::forget(s);
+    let mut failed_opens = 0;
+    for n in 1..80 {
+        let dev = Arc::new(MemDevice::from_image(image.clone()));
+        dev.fail_nth(FaultKind::Read, n);
+        let Ok(s2) = Store::open_on(dev, StoreOptions::default()) else {
+            failed_opens += 1;
+            continue;
+        };
+        for i in 0..40u64 {
+            match s2.get("default", &format!("k{i}"), ReadOptions { verify_hash: true }) {
+                Ok(got) => assert_eq!(got.map(|b| b.to_vec()), Some(block(i, 60_000)), "n {n}: k{i}"),
+                Err(e) => assert!(e.to_string().contains("read"), "n {n}: k{i}: {e}"),
+            }
+        }
+    }
+    assert!(failed_opens > 0, "no read of recovery was made to fail");
+}
+
+#[test]
 fn reused_buffers_never_write_stale_bytes_into_record_padding() {
     let (dev, s) = mem_store(8);
     // Fill the pool with buffers full of non-zero bytes, then store a small block whose record
