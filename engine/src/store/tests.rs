@@ -795,6 +795,83 @@ fn a_read_failing_anywhere_in_recovery_fails_the_open_cleanly() {
     assert!(failed_opens > 0, "no read of recovery was made to fail");
 }
 
+/// A device whose syncs take `delay_ms` (a slow disk's flush), for checkpoints still being
+/// written when the next one is due.
+#[derive(Debug)]
+struct SlowSync {
+    inner: Arc<MemDevice>,
+    delay_ms: AtomicU64,
+}
+
+impl BlockDevice for SlowSync {
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<(), crate::device::DeviceError> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync(&self) -> Result<(), crate::device::DeviceError> {
+        let ms = self.delay_ms.load(std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        self.inner.sync()
+    }
+    fn capabilities(&self) -> crate::device::Capabilities {
+        self.inner.capabilities()
+    }
+    fn boot(&self) -> u64 {
+        self.inner.boot()
+    }
+}
+
+#[test]
+fn a_checkpoint_due_while_the_one_before_is_written_waits_for_it() {
+    // A checkpoint due at every seal, and syncs slow enough that the background thread is still
+    // syncing for one when the next segments seal: those are put off (their snapshot would fill
+    // fresh memory while every put waits), and taken once it is done.
+    let mem = Arc::new(MemDevice::new(SEG * 67));
+    let dev = Arc::new(SlowSync { inner: mem.clone(), delay_ms: AtomicU64::new(0) });
+    let opts = StoreOptions { checkpoint_every_segments: 1, ..StoreOptions::default() };
+    let s =
+        Store::create_on(dev.clone(), &CreateOptions { capacity_bytes: None, segment_size_bytes: SEG }, opts.clone())
+            .unwrap();
+    dev.delay_ms.store(300, std::sync::atomic::Ordering::Relaxed);
+    let buffered = PutOptions { durability: Durability::Buffered, ..PutOptions::default() };
+    for i in 0..150u64 {
+        s.put("default", &format!("k{i}"), &block(i, 60_000), &buffered).unwrap();
+    }
+    let deferred = s.stats().checkpoints_deferred;
+    assert!(deferred > 0, "no checkpoint was put off: {:?}", s.stats().checkpoints);
+    dev.delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+    // The one being written finishes; the next seal takes the checkpoint still due.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.stats().checkpoint_memory_bytes == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let before = s.stats().checkpoints;
+    let sealed = s.stats().segments_sealed;
+    let mut i = 150;
+    while s.stats().segments_sealed == sealed {
+        s.put("default", &format!("k{i}"), &block(i, 60_000), &buffered).unwrap();
+        i += 1;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.stats().checkpoints == before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(s.stats().checkpoints > before, "the checkpoint put off was never taken");
+    assert_eq!(s.stats().checkpoint_errors, 0);
+    // A crash now recovers from that checkpoint and the log after it: every key is there.
+    let s2 = Store::open_on(Arc::new(mem.crash(CrashMode::KeepAll)), opts).unwrap();
+    assert!(s2.recovery_report().checkpoint_seq.is_some());
+    for k in 0..i {
+        assert_eq!(get(&s2, &format!("k{k}")), Some(block(k, 60_000)), "k{k}");
+    }
+    std::mem::forget(s);
+}
+
 #[test]
 fn reused_buffers_never_write_stale_bytes_into_record_padding() {
     let (dev, s) = mem_store(8);
