@@ -22,7 +22,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::device::BlockDevice;
 use crate::index::{key_fp, ContentFp, Index, KeyFp};
 use crate::log::Loc;
-use crate::recovery::{void_freed_ahead, Replay};
+use crate::recovery::{apply, void_freed_ahead};
 use scan::{HeaderState, SegmentScan, SummaryState, VolumeScan};
 
 pub use scan::{scan_volume, ScanError, ScanOptions};
@@ -433,7 +433,6 @@ fn replay_records(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
     let mut order: Vec<&SegmentScan> = scan.segments.iter().filter(|s| s.seq().is_some()).collect();
     order.sort_by_key(|s| s.seq());
     let mut replayed = 0;
-    let mut replay = Replay::default();
     for seg in order {
         // A use freed before the checkpoint whose header survived is not replayed.
         if let (Some(cp), Some(seq)) = (cp, seg.seq()) {
@@ -460,11 +459,8 @@ fn replay_records(scan: &VolumeScan, cp: Option<&Checkpoint>) -> (Index, u64) {
             }
         };
         for e in entries.iter().filter(|e| e.unit >= from) {
-            replay.apply(&mut index, seg.index, e, &seq_of);
+            apply(&mut index, seg.index, e, &seq_of);
             replayed += 1;
-        }
-        if let Some(settled) = &seg.settled {
-            replay.settled(settled);
         }
     }
     index.replaying(false);

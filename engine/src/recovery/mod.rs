@@ -185,20 +185,18 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     let mut order: Vec<u32> =
         (0..sb.segment_count).filter(|&i| segments.get(i as usize).is_some_and(|s| s.seq != 0)).collect();
     order.sort_by_key(|&i| segments.get(i as usize).map_or(0, |s| s.seq));
-    let mut replay = Replay::default();
     let plan = read_ahead::Plan { dev, sb, order: &order, seqs: &seqs, boots: &boots, covered: &covered };
     read_ahead::read_ahead(&plan, |read| {
         match read {
             ReadUse::Covered { index: i, end_unit } => set_sealed(&mut segments, i, end_unit),
             ReadUse::Summarized { index: i, from_unit, entries, fps, end_unit } => {
                 report.segments_replayed += 1;
-                report.records_replayed += replay.apply_all(&mut index, i, &entries, &fps, from_unit, &seq_of);
+                report.records_replayed += apply_all(&mut index, i, &entries, &fps, from_unit, &seq_of);
                 set_sealed(&mut segments, i, end_unit);
             }
             ReadUse::Settled { index: i, seq, from_unit, settled, fps } => {
                 report.segments_replayed += 1;
-                report.records_replayed += replay.apply_all(&mut index, i, &settled.entries, &fps, from_unit, &seq_of);
-                replay.settled(&settled);
+                report.records_replayed += apply_all(&mut index, i, &settled.entries, &fps, from_unit, &seq_of);
                 unsealed.push((i, seq, settled));
             }
         }
@@ -404,96 +402,62 @@ pub(crate) fn void_freed_ahead(
     voided
 }
 
-/// Replays records into an index in log order, as the store applied them when it wrote them,
-/// and carries what one segment use tells about the next.
-#[derive(Debug, Default)]
-pub(crate) struct Replay {
-    /// A use replayed before was settled after a power loss ([`settle::Settled::after_power_loss`]).
-    torn_before: bool,
+/// Applies one record to the index, as the store did when it wrote it. `seq_of` gives the seq of
+/// each segment's current use (a `Lost` entry voids keys by log position).
+pub(crate) fn apply(index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &dyn Fn(u32) -> u64) {
+    apply_with(index, segment, e, EntryFps::of(&e.header), seq_of);
 }
 
-impl Replay {
-    /// Notes that a use settled as `settled` has been replayed: what follows comes after it.
-    pub(crate) fn settled(&mut self, settled: &settle::Settled) {
-        self.torn_before |= settled.after_power_loss;
+/// Applies the entries of segment `segment` from unit `from_unit` on, with their fingerprints
+/// (`fps`, in step with `entries`); returns how many.
+fn apply_all(
+    index: &mut Index,
+    segment: u32,
+    entries: &[SummaryEntry],
+    fps: &[EntryFps],
+    from_unit: u32,
+    seq_of: &dyn Fn(u32) -> u64,
+) -> u64 {
+    let mut applied = 0;
+    for (e, fps) in entries.iter().zip(fps).filter(|(e, _)| e.unit >= from_unit) {
+        apply_with(index, segment, e, *fps, seq_of);
+        applied += 1;
     }
+    applied
+}
 
-    /// Applies one record to the index. `seq_of` gives the seq of each segment's current use (a
-    /// `Lost` entry voids keys by log position).
-    pub(crate) fn apply(&self, index: &mut Index, segment: u32, e: &SummaryEntry, seq_of: &dyn Fn(u32) -> u64) {
-        self.apply_with(index, segment, e, EntryFps::of(&e.header), seq_of);
+/// [`apply`], with the record's fingerprints computed already (`fps`).
+fn apply_with(index: &mut Index, segment: u32, e: &SummaryEntry, fps: EntryFps, seq_of: &dyn Fn(u32) -> u64) {
+    let h = &e.header;
+    if h.kind == RecordKind::Lost {
+        let at = Pos { seq: h.segment_seq, unit: e.unit };
+        let voided = index.void_keys(|k| Pos { seq: seq_of(k.record.segment), unit: k.record.unit } < at);
+        tracing::warn!(segment, unit = e.unit, voided, "a lost record voids every key written before it");
+        return;
     }
-
-    /// Applies the entries of segment `segment` from unit `from_unit` on, with their
-    /// fingerprints (`fps`, in step with `entries`); returns how many.
-    fn apply_all(
-        &self,
-        index: &mut Index,
-        segment: u32,
-        entries: &[SummaryEntry],
-        fps: &[EntryFps],
-        from_unit: u32,
-        seq_of: &dyn Fn(u32) -> u64,
-    ) -> u64 {
-        let mut applied = 0;
-        for (e, fps) in entries.iter().zip(fps).filter(|(e, _)| e.unit >= from_unit) {
-            self.apply_with(index, segment, e, *fps, seq_of);
-            applied += 1;
+    let Some(ns) = index.ns_id_or_insert(&h.namespace) else {
+        tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
+        return;
+    };
+    let key = fps.key;
+    let loc = Loc { segment, unit: e.unit };
+    let expires = expiry(h.created_unix_ms, h.ttl_secs);
+    match h.kind {
+        RecordKind::Block => {
+            let units = (h.record_bytes() / UNIT_BYTES) as u32;
+            index.apply_block(key, ContentEntry::of_record(h, fps.content, loc, units, ns), expires);
         }
-        applied
-    }
-
-    /// [`Replay::apply`], with the record's fingerprints computed already (`fps`).
-    fn apply_with(
-        &self,
-        index: &mut Index,
-        segment: u32,
-        e: &SummaryEntry,
-        fps: EntryFps,
-        seq_of: &dyn Fn(u32) -> u64,
-    ) {
-        let h = &e.header;
-        if h.kind == RecordKind::Lost {
-            let at = Pos { seq: h.segment_seq, unit: e.unit };
-            let voided = index.void_keys(|k| Pos { seq: seq_of(k.record.segment), unit: k.record.unit } < at);
-            tracing::warn!(segment, unit = e.unit, voided, "a lost record voids every key written before it");
-            return;
-        }
-        let Some(ns) = index.ns_id_or_insert(&h.namespace) else {
-            tracing::error!(namespace = %h.namespace, "more than 65536 namespaces; record skipped");
-            return;
-        };
-        let key = fps.key;
-        let loc = Loc { segment, unit: e.unit };
-        let expires = expiry(h.created_unix_ms, h.ttl_secs);
-        match h.kind {
-            RecordKind::Block => {
-                let units = (h.record_bytes() / UNIT_BYTES) as u32;
-                index.apply_block(key, ContentEntry::of_record(h, fps.content, loc, units, ns), expires);
-            }
-            RecordKind::Link => {
-                if index.apply_link(ns, key, fps.content, loc, expires) {
-                    return;
-                }
-                if self.torn_before {
-                    // An earlier use lost its tail to a power loss: the bytes this link names were
-                    // in it and never became durable, so neither did the link (no sync came
-                    // between them), and the key keeps what it held before, as a lost write
-                    // leaves it. Bytes reclaimed after the link cannot be why: reclaim syncs
-                    // before it erases, and the summaries of every use sealed before the link are
-                    // then durable, so no use before it would have been settled.
-                    tracing::warn!(segment, unit = e.unit, key = %h.key, "a link names bytes a power loss took; the key keeps its earlier version");
-                    return;
-                }
-                // The link is the key's newest record so far and its bytes are not stored (their
-                // segment was reclaimed): the key is a miss, never the version it named before.
+        RecordKind::Link => {
+            // The link is the key's newest record so far: if its bytes are not stored (their
+            // segment was reclaimed), the key is a miss, never the version it named before.
+            if !index.apply_link(ns, key, fps.content, loc, expires) {
                 index.remove_key(&key);
             }
-            RecordKind::Tombstone => {
-                index.remove_key(&key);
-            }
-            RecordKind::Lost => {}
         }
+        RecordKind::Tombstone => {
+            index.remove_key(&key);
+        }
+        RecordKind::Lost => {}
     }
 }
 

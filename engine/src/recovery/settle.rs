@@ -63,10 +63,6 @@ pub(crate) struct Settled {
     /// A seal had begun at `chain_end` (its summary is there, its trailer is not): the segment
     /// is sealed again there.
     pub seal_begun: bool,
-    /// Settled after the machine restarted (the writer not trusted): records of this use past
-    /// `chain_end` may have been written, acknowledged and lost with the device's cache, so a
-    /// link in a later use may name bytes that never became durable ([`super::Replay`]).
-    pub after_power_loss: bool,
 }
 
 /// A seal whose summary reached the device and whose trailer did not (a crash between the two
@@ -161,16 +157,8 @@ pub(crate) fn settle(
         }
     }
     let chain_end = unit;
-    let mut settled = Settled {
-        entries,
-        chain_end,
-        seal_unit: chain_end,
-        clean_end: true,
-        stop,
-        discarded,
-        seal_begun: false,
-        after_power_loss: !trust_writes,
-    };
+    let mut settled =
+        Settled { entries, chain_end, seal_unit: chain_end, clean_end: true, stop, discarded, seal_begun: false };
     if settled.stop.is_none() {
         return Ok(settled);
     }
