@@ -49,7 +49,6 @@ fn run(log: &Weak<Log>, checkpoints: &Weak<Checkpoints>, rx: &Receiver<Job>) {
         let (Some(log), Some(checkpoints)) = (log.upgrade(), checkpoints.upgrade()) else { return };
         write(&log, &checkpoints, &job);
         checkpoints.recycle(job.cp, true);
-        checkpoints.background_done();
     }
 }
 

@@ -15,7 +15,7 @@ pub(crate) use background::{spawn as spawn_background, Job};
 pub use io::CHECKPOINT_FILE;
 pub(crate) use io::{CheckpointStore, LoadError};
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Mutex, RwLock};
 
@@ -59,11 +59,6 @@ pub(crate) struct Checkpoints {
     spare: Mutex<Entries>,
     /// Microseconds the last snapshot took: every put waits that long (it holds the log lock).
     snapshot_us: AtomicU64,
-    /// A snapshot was handed to the background thread and is not yet written (its vectors not
-    /// yet back in `spare`).
-    in_flight: AtomicBool,
-    /// Periodic snapshots put off because the one before was still being written.
-    deferred: AtomicU64,
 }
 
 /// A checkpoint's contents and keys.
@@ -82,19 +77,12 @@ impl Checkpoints {
             failed: AtomicU64::new(0),
             spare: Mutex::new((Vec::new(), Vec::new())),
             snapshot_us: AtomicU64::new(0),
-            in_flight: AtomicBool::new(false),
-            deferred: AtomicU64::new(0),
         }
     }
 
     /// Checkpoints written since open.
     pub(crate) fn written(&self) -> u64 {
         self.written.load(Ordering::Relaxed)
-    }
-
-    /// Periodic checkpoints put off since open because the one before was still being written.
-    pub(crate) fn deferred(&self) -> u64 {
-        self.deferred.load(Ordering::Relaxed)
     }
 
     /// Checkpoints that could not be written since open.
@@ -146,26 +134,12 @@ impl Checkpoints {
     /// Snapshots the index and hands it to the background thread, which makes the log durable
     /// through the snapshot and then writes it. Called right after a seal, when every record
     /// reserved so far is written.
-    ///
-    /// While the snapshot before is still being written, none is taken: its vectors are not
-    /// back, so this one would be copied into fresh memory, faulting in every page while all
-    /// puts wait (70-112 ms against 22-29 ms at 10^6 keys, docs/benchmarks.md), and the thread
-    /// would write only the newer of the two anyway. The segments sealed meanwhile keep the
-    /// checkpoint due, and the first seal after the write takes it.
     pub(crate) fn snapshot_in_background(&self, state: &mut LogState, index: &RwLock<Index>, log: &Log, clock: &Clock) {
-        if self.in_flight.load(Ordering::Acquire) {
-            self.deferred.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let through: Pos = state.written_through();
         let cp = self.snapshot(state, index, log, clock);
         if let Some(jobs) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            // Set before the send, so the thread's clearing it cannot come first. A send fails
-            // only when the thread is gone; `close` writes a checkpoint anyway.
-            self.in_flight.store(true, Ordering::Release);
-            if jobs.send(Job { cp, through }).is_err() {
-                self.in_flight.store(false, Ordering::Release);
-            }
+            // A send fails only when the thread is gone; `close` writes a checkpoint anyway.
+            let _ = jobs.send(Job { cp, through });
         }
     }
 
@@ -202,12 +176,6 @@ impl Checkpoints {
             false => (cp.contents, cp.keys),
         };
         *self.spare.lock().unwrap_or_else(|e| e.into_inner()) = (contents, keys);
-    }
-
-    /// The background thread is done with the snapshot it was handed (written, or given up),
-    /// and its vectors are back: the next periodic snapshot may be taken.
-    pub(crate) fn background_done(&self) {
-        self.in_flight.store(false, Ordering::Release);
     }
 
     /// Writes a checkpoint unless a newer one was written already (snapshots taken under the log

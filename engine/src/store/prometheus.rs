@@ -136,11 +136,6 @@ impl Stats {
                 self.pins_overridden,
             ),
             ("checkpoints_total", "Checkpoints written.", self.checkpoints),
-            (
-                "checkpoints_deferred_total",
-                "Periodic checkpoints put off while the one before was still being written.",
-                self.checkpoints_deferred,
-            ),
             ("checkpoint_errors_total", "Checkpoints that could not be written.", self.checkpoint_errors),
             ("syncs_total", "fdatasync calls.", self.syncs),
         ] {

@@ -135,10 +135,6 @@ pub struct Stats {
     pub checkpoints: u64,
     /// Checkpoints that could not be written (the next open replays more of the log).
     pub checkpoint_errors: u64,
-    /// Periodic checkpoints put off because the one before was still being written (the next
-    /// seal after it takes them): many mean checkpoints take longer to write than
-    /// `checkpoint_every_segments` segments take to fill.
-    pub checkpoints_deferred: u64,
     /// Microseconds the last checkpoint's snapshot of the index took, during which every put
     /// waits (0 before the first since open).
     pub checkpoint_snapshot_us: u64,
@@ -268,7 +264,6 @@ impl Store {
             pins_overridden: get(&m.pins_overridden),
             planner_dropped_keys: get(&m.planner_dropped_keys),
             checkpoints: parts.checkpoints.written(),
-            checkpoints_deferred: parts.checkpoints.deferred(),
             checkpoint_errors: parts.checkpoints.failed(),
             checkpoint_snapshot_us: parts.checkpoints.snapshot_us(),
             syncs: parts.log.syncs(),
