@@ -1,5 +1,5 @@
 //! Starting the engine's own threads (the buffered writer, the checkpointer, the cleaner, group
-//! TTL's planner), and stopping the periodic ones.
+//! TTL's planner, recovery's reader of summaries), and stopping the periodic ones.
 
 use std::thread::JoinHandle;
 

@@ -239,6 +239,21 @@ impl Log {
         (end > self.commit.synced()).then_some(end)
     }
 
+    /// The end of the record at `loc` (`units` long) if it lies in a segment other than the open
+    /// one and is not durable yet. A link to its block waits for that (`store/append.rs`): a power
+    /// loss may keep any subset of unsynced writes, and a link kept without its block in an
+    /// earlier segment would replay as naming bytes evicted, its key a miss where the version
+    /// before may have been synced. In the open segment no wait is needed: a scan after a power
+    /// loss stops at the lost block, before the link.
+    pub(crate) fn unsynced_elsewhere(&self, state: &LogState, loc: Loc, units: u32) -> Option<Pos> {
+        if state.open.as_ref().is_some_and(|o| o.index == loc.segment) {
+            return None;
+        }
+        let seq = state.segments.get(loc.segment as usize)?.seq;
+        let end = Pos { seq, unit: loc.unit.saturating_add(units) };
+        (end > self.commit.synced()).then_some(end)
+    }
+
     /// Waits until every record before `end` is written, and syncs. Called without the log
     /// lock, holding no record of the caller's own reserved and not yet handed to the writer.
     pub(crate) fn make_durable(&self, end: Pos) -> Result<()> {

@@ -107,9 +107,7 @@ fn read_use(plan: &Plan<'_>, i: u32, scratch: &mut AlignedBuf) -> Result<ReadUse
     match read_summary(dev, sb, i, seq)? {
         Ok((entries, end_unit)) => {
             // Entries stay where they were decoded (a header is a few hundred bytes to move).
-            let fps =
-                entries.iter().map(|e| if e.unit >= from_unit { EntryFps::of(&e.header) } else { EntryFps::default() });
-            let fps = fps.collect();
+            let fps = entries.iter().map(|e| fps_from(e, from_unit)).collect();
             Ok(ReadUse::Summarized { index: i, from_unit, entries, fps, end_unit })
         }
         Err(why) => {
@@ -118,8 +116,18 @@ fn read_use(plan: &Plan<'_>, i: u32, scratch: &mut AlignedBuf) -> Result<ReadUse
             }
             let boot = plan.boots.get(i as usize).copied().unwrap_or(0);
             let settled = settle(dev, sb, i, seq, boot != 0 && boot == dev.boot())?;
-            let fps = settled.entries.iter().map(|e| EntryFps::of(&e.header)).collect();
+            let fps = settled.entries.iter().map(|e| fps_from(e, from_unit)).collect();
             Ok(ReadUse::Settled { index: i, seq, from_unit, settled, fps })
         }
+    }
+}
+
+/// The fingerprints of entry `e` if it is replayed (from `from_unit` on); none for an entry the
+/// checkpoint holds already.
+fn fps_from(e: &SummaryEntry, from_unit: u32) -> EntryFps {
+    if e.unit >= from_unit {
+        EntryFps::of(&e.header)
+    } else {
+        EntryFps::default()
     }
 }

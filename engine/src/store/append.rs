@@ -356,6 +356,27 @@ impl Parts {
                     item.buf = Some(buf);
                     continue;
                 }
+                if item.header.kind == RecordKind::Link {
+                    let target = {
+                        let index = self.index_read();
+                        index.content_slot(&item.content).and_then(|s| index.content(s)).map(|c| (c.record, c.units))
+                    };
+                    if let Some(end) = target.and_then(|(loc, units)| self.log.unsynced_elsewhere(&state, loc, units)) {
+                        // The bytes' record is in an earlier segment and not durable: a link
+                        // written before it is could outlive it in a power loss. It is made
+                        // durable first, without the lock (and with this call's own records
+                        // handed over). One sync, only where a link names bytes put since the
+                        // last sync in an earlier segment.
+                        if !jobs.is_empty() {
+                            return Ok((jobs, done));
+                        }
+                        drop(state);
+                        self.log.make_durable(end)?;
+                        state = self.log.let_quiet(self.log.lock());
+                        state.writable()?;
+                        continue;
+                    }
+                }
                 break;
             }
             // A tombstone is written whether or not the index names its key (`Store::delete`);

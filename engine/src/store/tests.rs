@@ -726,6 +726,49 @@ fn a_summary_never_outlives_the_records_it_lists() {
 }
 
 #[test]
+fn a_link_is_written_only_once_the_block_it_names_in_an_earlier_segment_is_durable() {
+    // `k` is synced at `old`; then, unsynced, `x` is put with new bytes, the segment is filled so
+    // that it seals, and `k` is put with `x`'s bytes: a link in the next segment. Had the link
+    // been written while `x`'s record was not durable, a power loss keeping the link and
+    // dropping that record would replay `k` as naming evicted bytes: a miss, its synced version
+    // lost. So the link put makes `x`'s record durable first.
+    let old = block(1, 50_000);
+    let new = block(2, 50_000);
+    let (dev, s) = mem_store(8);
+    s.put("default", "k", &old, &synced()).unwrap();
+    s.put("default", "x", &new, &PutOptions::default()).unwrap();
+    // A link to bytes in the open segment needs no sync: a scan stops at them if they are lost.
+    let syncs = s.stats().syncs;
+    s.put("default", "y", &new, &PutOptions::default()).unwrap();
+    assert_eq!(s.stats().syncs, syncs, "a link within the open segment synced");
+    let sealed = s.stats().segments_sealed;
+    let mut i = 0;
+    while s.stats().segments_sealed == sealed {
+        s.put("default", &format!("fill{i}"), &block(100 + i, 50_000), &PutOptions::default()).unwrap();
+        i += 1;
+    }
+    s.put("default", "k", &new, &PutOptions::default()).unwrap();
+    assert!(s.stats().syncs > syncs, "the link across segments did not sync");
+    let (_d, after) = reopen(&dev, CrashMode::DropAll);
+    assert_eq!(get(&after, "x"), Some(new.clone()), "x's record was not made durable before the link");
+    assert_eq!(get(&after, "k"), Some(old.clone()), "k's link was not synced, its version before stands");
+    for seed in 0..300 {
+        let crashed = Arc::new(dev.crash(CrashMode::Random(seed)));
+        let report =
+            crate::check::check_device(&*crashed, crate::check::ScanOptions { deep: true, summaries_only: false })
+                .unwrap();
+        let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
+        assert!(errors.is_empty(), "seed {seed}: fsck of the crashed image: {errors:?}");
+        let s2 = Store::open_on(crashed, StoreOptions::default()).unwrap();
+        let k = get(&s2, "k");
+        assert!(k.as_ref() == Some(&old) || k.as_ref() == Some(&new), "seed {seed}: k lost its synced version");
+        assert_eq!(get(&s2, "x"), Some(new.clone()), "seed {seed}");
+        assert_eq!(s2.stats().read_errors, 0, "seed {seed}");
+    }
+    std::mem::forget(s);
+}
+
+#[test]
 fn a_read_failing_anywhere_in_recovery_fails_the_open_cleanly() {
     // Several sealed segments and an open one, no checkpoint since: recovery reads summaries
     // on a thread ahead of the one applying them. A read failing at any point of that must
