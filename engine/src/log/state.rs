@@ -249,6 +249,7 @@ impl Log {
         if state.open.as_ref().is_some_and(|o| o.index == loc.segment) {
             return None;
         }
+        debug_assert!((loc.segment as usize) < state.segments.len(), "a block's record outside the volume");
         let seq = state.segments.get(loc.segment as usize)?.seq;
         let end = Pos { seq, unit: loc.unit.saturating_add(units) };
         (end > self.commit.synced()).then_some(end)

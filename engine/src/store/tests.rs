@@ -749,9 +749,24 @@ fn a_link_is_written_only_once_the_block_it_names_in_an_earlier_segment_is_durab
     }
     s.put("default", "k", &new, &PutOptions::default()).unwrap();
     assert!(s.stats().syncs > syncs, "the link across segments did not sync");
+    // A rename writes a link too: `w`, put unsynced, renamed to `z` once its segment sealed.
+    let moved = block(3, 50_000);
+    s.put("default", "w", &moved, &PutOptions::default()).unwrap();
+    let (sealed, syncs) = (s.stats().segments_sealed, s.stats().syncs);
+    while s.stats().segments_sealed == sealed {
+        s.put("default", &format!("fill{i}"), &block(100 + i, 50_000), &PutOptions::default()).unwrap();
+        i += 1;
+    }
+    assert!(s.rename("default", "w", "z", crate::Durability::Written).unwrap());
+    assert!(s.stats().syncs > syncs, "the rename's link across segments did not sync");
+    // The rename's sync covered everything before `w`'s record, `k`'s link too; the rename
+    // itself was not synced.
     let (_d, after) = reopen(&dev, CrashMode::DropAll);
-    assert_eq!(get(&after, "x"), Some(new.clone()), "x's record was not made durable before the link");
-    assert_eq!(get(&after, "k"), Some(old.clone()), "k's link was not synced, its version before stands");
+    assert!(get(&after, "x") == Some(new.clone()), "x's record was not made durable before the link");
+    assert!(get(&after, "y") == Some(new.clone()), "y was synced with x");
+    assert!(get(&after, "k") == Some(new.clone()), "k's link was synced by the rename's sync");
+    assert!(get(&after, "w") == Some(moved.clone()), "w's record was not made durable before the rename");
+    assert!(get(&after, "z").is_none(), "the rename was not synced");
     for seed in 0..300 {
         let crashed = Arc::new(dev.crash(CrashMode::Random(seed)));
         let report =
@@ -762,7 +777,10 @@ fn a_link_is_written_only_once_the_block_it_names_in_an_earlier_segment_is_durab
         let s2 = Store::open_on(crashed, StoreOptions::default()).unwrap();
         let k = get(&s2, "k");
         assert!(k.as_ref() == Some(&old) || k.as_ref() == Some(&new), "seed {seed}: k lost its synced version");
-        assert_eq!(get(&s2, "x"), Some(new.clone()), "seed {seed}");
+        assert!(get(&s2, "x") == Some(new.clone()), "seed {seed}: x");
+        assert!(get(&s2, "y") == Some(new.clone()), "seed {seed}: y");
+        let (w, z) = (get(&s2, "w"), get(&s2, "z"));
+        assert!(w.as_ref() == Some(&moved) || z.as_ref() == Some(&moved), "seed {seed}: the renamed block is lost");
         assert_eq!(s2.stats().read_errors, 0, "seed {seed}");
     }
     std::mem::forget(s);
