@@ -7,11 +7,7 @@ use crate::error::{Result, StoreError};
 
 /// Starts a named engine thread; failing to start one is an error of the volume being opened.
 pub(crate) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new().name(name.into()).spawn(f).map_err(|source| StoreError::File {
-        action: "cannot start a thread (out of threads or memory?) for",
-        path: "<volume>".into(),
-        source,
-    })
+    std::thread::Builder::new().name(name.into()).spawn(f).map_err(not_started)
 }
 
 /// Starts a named engine thread in `scope` (one that borrows from its caller, joined when the
@@ -21,11 +17,16 @@ pub(crate) fn spawn_scoped<'scope>(
     name: &str,
     f: impl FnOnce() + Send + 'scope,
 ) -> Result<std::thread::ScopedJoinHandle<'scope, ()>> {
-    std::thread::Builder::new().name(name.into()).spawn_scoped(scope, f).map_err(|source| StoreError::File {
+    std::thread::Builder::new().name(name.into()).spawn_scoped(scope, f).map_err(not_started)
+}
+
+/// The error of a thread that could not be started.
+fn not_started(source: std::io::Error) -> StoreError {
+    StoreError::File {
         action: "cannot start a thread (out of threads or memory?) for",
         path: "<volume>".into(),
         source,
-    })
+    }
 }
 
 /// Ends a periodic engine thread: it waits between rounds with [`Stopper::wait`], and

@@ -255,6 +255,22 @@ impl Log {
         (end > self.commit.synced()).then_some(end)
     }
 
+    /// [`Log::make_durable`] for a caller holding the log lock (`state`) and no record of its own
+    /// reserved and not yet handed over: the lock is let go for the wait, and taken again once
+    /// writes are not held back ([`Log::let_quiet`]); refuses if the log was closed or poisoned
+    /// meanwhile.
+    pub(crate) fn make_durable_unlocked<'a>(
+        &'a self,
+        state: MutexGuard<'a, LogState>,
+        end: Pos,
+    ) -> Result<MutexGuard<'a, LogState>> {
+        drop(state);
+        self.make_durable(end)?;
+        let state = self.let_quiet(self.lock());
+        state.writable()?;
+        Ok(state)
+    }
+
     /// Waits until every record before `end` is written, and syncs. Called without the log
     /// lock, holding no record of the caller's own reserved and not yet handed to the writer.
     pub(crate) fn make_durable(&self, end: Pos) -> Result<()> {

@@ -20,7 +20,7 @@ use crate::log::scan::{read_summary, sealed_end};
 pub(crate) struct EntryFps {
     /// The key's (zero for a `Lost` entry, which names none).
     pub key: KeyFp,
-    /// The block's a block record stores or a link names (zero for other kinds).
+    /// That of the block a block record stores or a link names (zero for other kinds).
     pub content: ContentFp,
 }
 

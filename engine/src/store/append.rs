@@ -306,10 +306,7 @@ impl Parts {
                             if !jobs.is_empty() {
                                 return Ok((jobs, done));
                             }
-                            drop(state);
-                            self.log.make_durable(end)?;
-                            state = self.log.let_quiet(self.log.lock());
-                            state.writable()?;
+                            state = self.log.make_durable_unlocked(state, end)?;
                             continue;
                         }
                         // May reclaim a segment, and with it the bytes a link points at.
@@ -370,10 +367,7 @@ impl Parts {
                         if !jobs.is_empty() {
                             return Ok((jobs, done));
                         }
-                        drop(state);
-                        self.log.make_durable(end)?;
-                        state = self.log.let_quiet(self.log.lock());
-                        state.writable()?;
+                        state = self.log.make_durable_unlocked(state, end)?;
                         continue;
                     }
                 }
