@@ -37,6 +37,26 @@ fn get(s: &Store, key: &str) -> Option<Vec<u8>> {
     s.get("default", key, ReadOptions { verify_hash: true }).unwrap().map(|b| b.to_vec())
 }
 
+/// A deep fsck of `dev`, asserted to find no error (`what` names the image in the message).
+fn fsck_clean(dev: &dyn BlockDevice, what: &str) -> crate::check::Report {
+    let report =
+        crate::check::check_device(dev, crate::check::ScanOptions { deep: true, summaries_only: false }).unwrap();
+    let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
+    assert!(errors.is_empty(), "fsck of {what}: {errors:?}");
+    report
+}
+
+/// A store of 8 segments holding keys `k0..k40`, unsynced blocks of 60,000 bytes (seeds 0..40),
+/// that filled at least `sealed` segments.
+fn store_with_sealed(sealed: u32) -> (Arc<MemDevice>, Store) {
+    let (dev, s) = mem_store(8);
+    for i in 0..40u64 {
+        s.put("default", &format!("k{i}"), &block(i, 60_000), &PutOptions::default()).unwrap();
+    }
+    assert!(s.stats().segments_sealed >= sealed);
+    (dev, s)
+}
+
 #[test]
 fn put_get_round_trips_at_every_durability() {
     let (_dev, s) = mem_store(8);
@@ -708,11 +728,7 @@ fn a_summary_never_outlives_the_records_it_lists() {
     // Written (unsynced) puts that fill a segment, so it is sealed; then crashes that keep or drop
     // each unsynced write at random. A kept summary listing a dropped record would make recovery
     // index bytes that are not there: a damaged-block miss on read.
-    let (dev, s) = mem_store(8);
-    for i in 0..40u64 {
-        s.put("default", &format!("k{i}"), &block(i, 60_000), &PutOptions::default()).unwrap();
-    }
-    assert!(s.stats().segments_sealed >= 1);
+    let (dev, s) = store_with_sealed(1);
     for seed in 0..200 {
         let s2 = Store::open_on(Arc::new(dev.crash(CrashMode::Random(seed))), StoreOptions::default()).unwrap();
         for i in 0..40u64 {
@@ -769,11 +785,7 @@ fn a_link_is_written_only_once_the_block_it_names_in_an_earlier_segment_is_durab
     assert!(get(&after, "z").is_none(), "the rename was not synced");
     for seed in 0..300 {
         let crashed = Arc::new(dev.crash(CrashMode::Random(seed)));
-        let report =
-            crate::check::check_device(&*crashed, crate::check::ScanOptions { deep: true, summaries_only: false })
-                .unwrap();
-        let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
-        assert!(errors.is_empty(), "seed {seed}: fsck of the crashed image: {errors:?}");
+        fsck_clean(&*crashed, &format!("the image crashed with seed {seed}"));
         let s2 = Store::open_on(crashed, StoreOptions::default()).unwrap();
         let k = get(&s2, "k");
         assert!(k.as_ref() == Some(&old) || k.as_ref() == Some(&new), "seed {seed}: k lost its synced version");
@@ -792,11 +804,7 @@ fn a_read_failing_anywhere_in_recovery_fails_the_open_cleanly() {
     // on a thread ahead of the one applying them. A read failing at any point of that must
     // fail the open with the error (or, past recovery, the read it hit), never hang, panic or
     // open a volume missing acknowledged blocks.
-    let (dev, s) = mem_store(8);
-    for i in 0..40u64 {
-        s.put("default", &format!("k{i}"), &block(i, 60_000), &PutOptions::default()).unwrap();
-    }
-    assert!(s.stats().segments_sealed >= 2);
+    let (dev, s) = store_with_sealed(2);
     let image = dev.crash(CrashMode::KeepAll).image();
     std::mem::forget(s);
     let mut failed_opens = 0;
@@ -1817,10 +1825,7 @@ fn a_seal_without_its_trailer_loses_no_key() {
     let crashed = Arc::new(dev.crash(CrashMode::KeepAll));
     crashed.write_at(&crate::AlignedBuf::zeroed(4096), sb.unit_offset(segment, sb.segment_units() - 1)).unwrap();
     crashed.sync().unwrap();
-    let report =
-        crate::check::check_device(&*crashed, crate::check::ScanOptions { deep: true, summaries_only: false }).unwrap();
-    let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
-    assert!(errors.is_empty(), "fsck: {errors:?}");
+    let report = fsck_clean(&*crashed, "the crashed image");
     let named: Vec<_> = report.problems.iter().filter(|p| p.kind == "seal_cut_short").collect();
     assert_eq!(named.len(), 1, "fsck names the seal cut short: {:?}", report.problems);
     let s = Store::open_on(crashed, StoreOptions::default()).unwrap();
@@ -1861,10 +1866,7 @@ fn a_record_killed_before_its_header_is_stepped_over_whatever_its_payload_holds(
     s.put("default", "hostile", &hostile, &written).unwrap();
     let crashed = Arc::new(dev.crash_at_mark(CrashMode::KeepAll));
     drop(s);
-    let report =
-        crate::check::check_device(&*crashed, crate::check::ScanOptions { deep: true, summaries_only: false }).unwrap();
-    let errors: Vec<_> = report.problems.iter().filter(|p| p.severity >= crate::check::Severity::Error).collect();
-    assert!(errors.is_empty(), "fsck: {errors:?}");
+    fsck_clean(&*crashed, "the crashed image");
     let s = Store::open_on(crashed, StoreOptions::default()).unwrap();
     assert_eq!(s.recovery_report().records_discarded, 0, "nothing taken for a lost record");
     assert_eq!(get(&s, "early"), Some(early));
