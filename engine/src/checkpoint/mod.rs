@@ -47,6 +47,10 @@ pub(crate) struct Checkpoints {
     /// The seq and segment table of the newest checkpoint on disk (what recovery would not
     /// replay). A leaf lock.
     covers: Mutex<(u64, Vec<SegmentState>)>,
+    /// The index's change count ([`Index::changes`]) at which the newest checkpoint on disk
+    /// describes the index exactly, when that is known: an open that took everything from the
+    /// checkpoint. Forgotten once another checkpoint is written.
+    describes_index: Mutex<Option<u64>>,
     /// Snapshots for the background thread; `None` once it is stopped.
     jobs: Mutex<Option<Sender<Job>>>,
     /// Checkpoints written.
@@ -66,12 +70,19 @@ type Entries = (Vec<kvhoard_format::checkpoint::ContentEntry>, Vec<kvhoard_forma
 
 impl Checkpoints {
     /// The checkpoints of a volume whose newest checkpoint on disk, `seq`, covers `covers` (0
-    /// and empty without one).
-    pub(crate) fn new(store: CheckpointStore, seq: u64, covers: Vec<SegmentState>) -> Checkpoints {
+    /// and empty without one), and describes the index at change count `describes_index` if
+    /// known.
+    pub(crate) fn new(
+        store: CheckpointStore,
+        seq: u64,
+        covers: Vec<SegmentState>,
+        describes_index: Option<u64>,
+    ) -> Checkpoints {
         Checkpoints {
             store,
             saved: Mutex::new(0),
             covers: Mutex::new((seq, covers)),
+            describes_index: Mutex::new(describes_index),
             jobs: Mutex::new(None),
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -188,6 +199,7 @@ impl Checkpoints {
         if self.store.save(log.dev.as_ref(), cp)? {
             *last = cp.checkpoint_seq;
             *self.covers.lock().unwrap_or_else(|e| e.into_inner()) = (cp.checkpoint_seq, cp.segments.clone());
+            self.describes_index.lock().unwrap_or_else(|e| e.into_inner()).take();
             self.written.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -202,6 +214,14 @@ impl Checkpoints {
     /// since); 0 without one.
     pub(crate) fn newest_seq(&self) -> u64 {
         self.covers.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Whether the newest checkpoint on disk holds exactly what a checkpoint taken now would:
+    /// the same segment table (`segments`, [`LogState::segment_table`]) and the index at
+    /// change count `index_changes`. Then writing one would change nothing but its seq.
+    pub(crate) fn describes(&self, segments: &[SegmentState], index_changes: u64) -> bool {
+        let index_same = *self.describes_index.lock().unwrap_or_else(|e| e.into_inner()) == Some(index_changes);
+        index_same && self.covers.lock().unwrap_or_else(|e| e.into_inner()).1 == segments
     }
 
     /// Whether the newest checkpoint written covers `victim` and every sealed segment older than

@@ -129,9 +129,18 @@ pub struct Index {
     counters: Vec<NsCounters>,
     /// While replaying (see [`Index::replaying`]): blocks no key names stay known.
     replaying: bool,
+    /// Changes made so far (see [`Index::changes`]).
+    changes: u64,
 }
 
 impl Index {
+    /// How many changes were made to what a checkpoint holds of the index (keys, blocks,
+    /// namespaces) since it was built: while the count stays the same, so does that. Lets a
+    /// close that changed nothing skip writing a checkpoint identical to the one on disk.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     /// The id of a namespace, if any record ever used it.
     pub fn ns_id(&self, name: &str) -> Option<u16> {
         self.ids.get(name).copied()
@@ -143,6 +152,7 @@ impl Index {
             return Some(id);
         }
         let id = u16::try_from(self.names.len()).ok()?;
+        self.changes += 1;
         self.names.push(name.to_string());
         self.ids.insert(name.to_string(), id);
         self.counters.push(NsCounters::default());
@@ -258,6 +268,7 @@ impl Index {
         match self.keys.find_entry(hash_of(key), |k| k.fp == *key) {
             Ok(entry) => {
                 let (old, _) = entry.remove();
+                self.changes += 1;
                 self.release(old);
                 true
             }
@@ -297,6 +308,7 @@ impl Index {
             }
             !gone
         });
+        self.changes += dropped.keys;
         let contents = &self.contents;
         let in_segment: Vec<u32> = self
             .content_table
@@ -324,6 +336,7 @@ impl Index {
     }
 
     fn set_key(&mut self, entry: KeyEntry) {
+        self.changes += 1;
         if let Some(c) = self.contents.get_mut(entry.content as usize) {
             c.refs += 1;
         }
@@ -389,6 +402,7 @@ impl Index {
     }
 
     fn insert_content(&mut self, entry: ContentEntry) -> u32 {
+        self.changes += 1;
         if let Some(n) = self.counters.get_mut(usize::from(entry.ns)) {
             n.blocks += 1;
             n.unique_bytes += u64::from(entry.raw_len);
@@ -421,6 +435,7 @@ impl Index {
 
     fn free_content(&mut self, slot: u32) {
         let Some(entry) = self.contents.get(slot as usize).copied() else { return };
+        self.changes += 1;
         if let Ok(e) = self.content_table.find_entry(hash_of(&entry.fp), |&s| s == slot) {
             e.remove();
         }

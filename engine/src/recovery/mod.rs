@@ -54,6 +54,21 @@ pub struct RecoveryReport {
     pub elapsed_ms: u64,
 }
 
+impl RecoveryReport {
+    /// Whether the state came from the checkpoint alone: nothing replayed, repaired or voided.
+    /// (A segment the checkpoint lists but found free shows as a difference in the segment
+    /// table, not here.)
+    pub(crate) fn checkpoint_alone(&self) -> bool {
+        self.checkpoint_seq.is_some()
+            && self.segments_replayed == 0
+            && self.tails_cut.is_empty()
+            && self.stale_segments_freed == 0
+            && self.headers_rebuilt == 0
+            && self.records_discarded == 0
+            && self.keys_voided == 0
+    }
+}
+
 /// The state rebuilt from disk.
 #[derive(Debug)]
 pub(crate) struct Recovered {
@@ -238,7 +253,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     // device's cache, and reclaim may erase what those records superseded only once they are
     // durable (`LogState::note_superseded`), which it learns from syncs made from now on.
     dev.sync()?;
-    let resumable = if open.is_none() { resumable(dev, sb, &segments)? } else { None };
+    let resumable = if open.is_none() { resumable(dev, sb, &segments, &boots)? } else { None };
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     // Checkpoint seqs go on from the newest one a segment freed ahead relied on, even if it was
     // not loaded: a checkpoint numbered below it would be taken for one that does not know.
@@ -303,15 +318,25 @@ pub(crate) fn void_segment(dev: &dyn BlockDevice, sb: &Superblock, index: u32, s
     seal_recovered(dev, sb, index, seq, 1, &[SummaryEntry { unit: 1, header: settle::lost(seq) }])
 }
 
-/// The newest sealed segment if at least an eighth of it is still free, with its records as the
-/// summary to extend.
-fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo]) -> Result<Option<OpenSeg>> {
+/// The newest sealed segment if at least an eighth of it is still free and its use began in this
+/// boot of the machine, with its records as the summary to extend.
+///
+/// A resumed use keeps its header, and with it the boot it began in, which is what tells
+/// recovery whether a crash since was the process's or the machine's (`settle.rs`). Resumed in
+/// a later boot, a `kill -9` would be taken for a power loss, and a damaged record of it for a
+/// torn tail: its key would fall back to an older version instead of becoming a miss.
+/// Rewriting the header's boot instead would open a window where a torn header loses the whole
+/// segment, so after a reboot the first write starts a new segment.
+fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo], boots: &[u64]) -> Result<Option<OpenSeg>> {
     let newest = segments
         .iter()
         .enumerate()
         .filter(|(_, s)| matches!(s.state, SegState::Sealed { .. }))
         .max_by_key(|(_, s)| s.seq);
     let Some((i, info)) = newest else { return Ok(None) };
+    if boots.get(i).copied().unwrap_or(0) != dev.boot() {
+        return Ok(None);
+    }
     let i = i as u32;
     let Ok((entries, end_unit)) = crate::log::scan::read_summary(dev, sb, i, info.seq)? else { return Ok(None) };
     let mut seg = OpenSeg::new(i, info.seq);

@@ -182,6 +182,7 @@ impl Store {
             elapsed_ms = recovered.report.elapsed_ms,
             "volume opened"
         );
+        let describes_index = recovered.report.checkpoint_alone().then(|| recovered.index.changes());
         let state = LogState::new(
             recovered.segments,
             recovered.open,
@@ -199,6 +200,7 @@ impl Store {
                 checkpoint_store,
                 recovered.report.checkpoint_seq.unwrap_or(0),
                 recovered.checkpoint_covers,
+                describes_index,
             )),
             pins: Pins::default(),
             placement: Arc::clone(&opts.placement),
@@ -332,6 +334,16 @@ impl Store {
                     .log
                     .seal_open(state, seq, parts.opts.checkpoint_every_segments)
                     .and_then(|(mut state, _)| parts.checkpoint_now(&mut state)),
+                // Nothing written or changed since the checkpoint this open loaded (a `stat`, a
+                // run of reads): writing it again would only wear the device.
+                None if state.unsummarized.is_empty()
+                    && parts.checkpoints.describes(
+                        &state.segment_table(),
+                        parts.index.read().unwrap_or_else(|e| e.into_inner()).changes(),
+                    ) =>
+                {
+                    Ok(())
+                }
                 None => parts.checkpoint_now(&mut state),
             },
         };

@@ -724,6 +724,78 @@ fn records_appended_to_a_resumed_segment_survive_a_crash_after_it_is_sealed_agai
 }
 
 #[test]
+fn a_segment_is_resumed_only_in_the_boot_its_use_began_in() {
+    // A resumed use keeps its header's boot. Resumed after a reboot, a `kill -9` would be
+    // taken for a power loss, and a damaged record of the resumed use for a torn tail: `k`
+    // would fall back to its older version instead of becoming a miss.
+    let (dev, s) = mem_store(8);
+    s.put("default", "k", &block(1, 50_000), &synced()).unwrap();
+    s.close().unwrap();
+    drop(s);
+    // A reboot after the clean close: everything was synced, so nothing is lost.
+    let rebooted = Arc::new(dev.crash(CrashMode::DropAll));
+    let s = Store::open_on(rebooted.clone(), StoreOptions::default()).unwrap();
+    let free = s.stats().segments_free;
+    s.put("default", "k", &block(2, 50_000), &synced()).unwrap();
+    assert_eq!(s.stats().segments_free, free - 1, "the segment sealed in the boot before was resumed");
+    s.put("default", "after", &block(3, 50_000), &synced()).unwrap();
+    let meta = s.get("default", "k", ReadOptions::default()).unwrap().unwrap().meta;
+    let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit);
+    std::mem::forget(s);
+    // `kill -9`, and the newest record of `k` damaged in its payload.
+    let crashed = Arc::new(rebooted.crash(CrashMode::KeepAll));
+    let image = crashed.image();
+    let header = kvhoard_format::record::RecordHeader::decode(&image[start as usize..]).unwrap();
+    let unit = start + header.payload_offset();
+    let mut bytes = image[unit as usize..(unit + kvhoard_format::UNIT_BYTES) as usize].to_vec();
+    bytes[10] ^= 1;
+    crashed.write_at(&bytes, unit).unwrap();
+    let s2 = Store::open_on(crashed, StoreOptions::default()).unwrap();
+    assert_eq!(get(&s2, "k"), None, "k came back at the version before its damaged one");
+    assert_eq!(get(&s2, "after").unwrap(), block(3, 50_000));
+}
+
+#[test]
+fn a_close_that_changed_nothing_writes_nothing() {
+    let (dev, s) = mem_store(8);
+    for i in 0..5u64 {
+        s.put("default", &format!("k{i}"), &block(i, 50_000), &synced()).unwrap();
+    }
+    s.close().unwrap();
+    drop(s);
+    let image = dev.image();
+    // Opened from its checkpoint, read and closed (`kvhoard stat`, `get`): not one byte changes.
+    for _ in 0..2 {
+        let s = Store::open_on(dev.clone(), StoreOptions::default()).unwrap();
+        assert_eq!(get(&s, "k3").unwrap(), block(3, 50_000));
+        assert!(s.stats().keys == 5);
+        s.close().unwrap();
+        assert!(dev.image() == image, "a close after only reads wrote to the volume");
+    }
+    // A delete changes the index and writes a tombstone: the close writes a checkpoint.
+    let s = Store::open_on(dev.clone(), StoreOptions::default()).unwrap();
+    assert!(s.delete("default", "k3", Durability::Synced).unwrap());
+    s.close().unwrap();
+    let after_delete = dev.image();
+    assert!(after_delete != image);
+    let s = Store::open_on(dev.clone(), StoreOptions::default()).unwrap();
+    assert!(s.recovery_report().checkpoint_alone(), "{:?}", s.recovery_report());
+    assert_eq!(get(&s, "k3"), None);
+    s.close().unwrap();
+    assert!(dev.image() == after_delete);
+    // An open that had to replay the log writes a checkpoint at close, so the next one need not.
+    let s = Store::open_on(dev.clone(), StoreOptions::default()).unwrap();
+    s.put("default", "late", &block(9, 50_000), &synced()).unwrap();
+    let (crashed, s2) = reopen(&dev, CrashMode::KeepAll);
+    std::mem::forget(s);
+    assert!(!s2.recovery_report().checkpoint_alone());
+    s2.close().unwrap();
+    let s3 = Store::open_on(crashed, StoreOptions::default()).unwrap();
+    assert!(s3.recovery_report().checkpoint_alone(), "{:?}", s3.recovery_report());
+    assert_eq!(get(&s3, "late").unwrap(), block(9, 50_000));
+}
+
+#[test]
 fn a_summary_never_outlives_the_records_it_lists() {
     // Written (unsynced) puts that fill a segment, so it is sealed; then crashes that keep or drop
     // each unsynced write at random. A kept summary listing a dropped record would make recovery
