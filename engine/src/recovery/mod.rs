@@ -220,9 +220,10 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     index.replaying(false);
     report.keys_voided = void_freed_ahead(&mut index, freed_ahead, report.checkpoint_seq, &seq_of);
     // The newest unsealed segment is appended to again if nothing of its use lies past its
-    // valid end; every other one is sealed after its last valid record (after the last evidence
-    // of damage, when there is some), so that nothing is ever appended in front of stale records
-    // of the same use.
+    // valid end and its use began in this boot of the machine (its header's boot is what tells
+    // the next recovery a crash of the process from a power loss: see `resumable`); every other
+    // one is sealed after its last valid record (after the last evidence of damage, when there
+    // is some), so that nothing is ever appended in front of stale records of the same use.
     let newest = unsealed.iter().map(|(_, seq, _)| *seq).max();
     let mut open = None;
     for (i, seq, settled) in unsealed {
@@ -230,7 +231,8 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         // Every recovered record was reserved with room for its summary entry (an entry written
         // in place of a damaged record is never longer), so the summary still fits whatever is
         // appended next.
-        if Some(seq) == newest && settled.clean_end {
+        let this_boot = boots.get(i as usize).copied().unwrap_or(0) == dev.boot();
+        if Some(seq) == newest && settled.clean_end && this_boot {
             let mut seg = OpenSeg::new(i, seq);
             seg.tail = settled.chain_end;
             for e in &settled.entries {
@@ -243,7 +245,11 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
             open = Some(seg);
             continue;
         }
-        let why = settled.stop.clone().unwrap_or_else(|| "segment full".into());
+        let why = if Some(seq) == newest && settled.clean_end {
+            "begun before the machine restarted: sealed at its records' end, new writes go to a new segment".into()
+        } else {
+            settled.stop.clone().unwrap_or_else(|| "segment full".into())
+        };
         tracing::warn!(segment = i, end_unit = settled.chain_end, reason = %why, "segment was not sealed; sealing it after its last valid record");
         seal_recovered(dev, sb, i, seq, settled.seal_unit, &settled.entries)?;
         report.tails_cut.push((i, why));

@@ -724,35 +724,46 @@ fn records_appended_to_a_resumed_segment_survive_a_crash_after_it_is_sealed_agai
 }
 
 #[test]
-fn a_segment_is_resumed_only_in_the_boot_its_use_began_in() {
-    // A resumed use keeps its header's boot. Resumed after a reboot, a `kill -9` would be
-    // taken for a power loss, and a damaged record of the resumed use for a torn tail: `k`
-    // would fall back to its older version instead of becoming a miss.
-    let (dev, s) = mem_store(8);
-    s.put("default", "k", &block(1, 50_000), &synced()).unwrap();
-    s.close().unwrap();
-    drop(s);
-    // A reboot after the clean close: everything was synced, so nothing is lost.
-    let rebooted = Arc::new(dev.crash(CrashMode::DropAll));
-    let s = Store::open_on(rebooted.clone(), StoreOptions::default()).unwrap();
-    let free = s.stats().segments_free;
-    s.put("default", "k", &block(2, 50_000), &synced()).unwrap();
-    assert_eq!(s.stats().segments_free, free - 1, "the segment sealed in the boot before was resumed");
-    s.put("default", "after", &block(3, 50_000), &synced()).unwrap();
-    let meta = s.get("default", "k", ReadOptions::default()).unwrap().unwrap().meta;
-    let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit);
-    std::mem::forget(s);
-    // `kill -9`, and the newest record of `k` damaged in its payload.
-    let crashed = Arc::new(rebooted.crash(CrashMode::KeepAll));
-    let image = crashed.image();
-    let header = kvhoard_format::record::RecordHeader::decode(&image[start as usize..]).unwrap();
-    let unit = start + header.payload_offset();
-    let mut bytes = image[unit as usize..(unit + kvhoard_format::UNIT_BYTES) as usize].to_vec();
-    bytes[10] ^= 1;
-    crashed.write_at(&bytes, unit).unwrap();
-    let s2 = Store::open_on(crashed, StoreOptions::default()).unwrap();
-    assert_eq!(get(&s2, "k"), None, "k came back at the version before its damaged one");
-    assert_eq!(get(&s2, "after").unwrap(), block(3, 50_000));
+fn a_segment_is_appended_to_only_in_the_boot_its_use_began_in() {
+    // A use's header keeps the boot it began in, and recovery trusts the writer (a crash of the
+    // process) only where that boot is the machine's current one. Were a segment begun before a
+    // reboot appended to after it (resumed after a clean close, or continued after a power
+    // loss), a `kill -9` would be taken for a power loss and a damaged record for a torn tail:
+    // `k` would fall back to its older version instead of becoming a miss.
+    for clean_close in [true, false] {
+        let (dev, s) = mem_store(8);
+        s.put("default", "k", &block(1, 50_000), &synced()).unwrap();
+        if clean_close {
+            s.close().unwrap();
+        }
+        // A reboot: a clean one after the close (everything was synced, so nothing is lost), or
+        // a power loss with the segment open.
+        let rebooted = Arc::new(dev.crash(CrashMode::DropAll));
+        std::mem::forget(s);
+        let s = Store::open_on(rebooted.clone(), StoreOptions::default()).unwrap();
+        let free = s.stats().segments_free;
+        s.put("default", "k", &block(2, 50_000), &synced()).unwrap();
+        assert_eq!(
+            s.stats().segments_free,
+            free - 1,
+            "clean close {clean_close}: the segment of the boot before was appended to"
+        );
+        s.put("default", "after", &block(3, 50_000), &synced()).unwrap();
+        let meta = s.get("default", "k", ReadOptions::default()).unwrap().unwrap().meta;
+        let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit);
+        std::mem::forget(s);
+        // `kill -9`, and the newest record of `k` damaged in its payload.
+        let crashed = Arc::new(rebooted.crash(CrashMode::KeepAll));
+        let image = crashed.image();
+        let header = kvhoard_format::record::RecordHeader::decode(&image[start as usize..]).unwrap();
+        let unit = start + header.payload_offset();
+        let mut bytes = image[unit as usize..(unit + kvhoard_format::UNIT_BYTES) as usize].to_vec();
+        bytes[10] ^= 1;
+        crashed.write_at(&bytes, unit).unwrap();
+        let s2 = Store::open_on(crashed, StoreOptions::default()).unwrap();
+        assert_eq!(get(&s2, "k"), None, "clean close {clean_close}: k came back at the version before its damaged one");
+        assert_eq!(get(&s2, "after").unwrap(), block(3, 50_000));
+    }
 }
 
 #[test]
