@@ -36,6 +36,39 @@ impl VolumeFiles {
     }
 }
 
+impl VolumeFiles {
+    /// The volume that the file at `path` is part of, if any: the data file or block device of
+    /// a volume (it starts with a superblock), or any file inside a volume's directory (its
+    /// checkpoints, its lock). Tools that write a file a user names check this first, so that a
+    /// slip such as `get VOL KEY -o VOL/volume.kvh` is refused instead of destroying the volume.
+    pub fn volume_holding(path: &Path) -> Option<PathBuf> {
+        let real = std::fs::canonicalize(path).ok();
+        if let Some(real) = &real {
+            let is_data = std::fs::metadata(real).is_ok_and(|m| m.is_file() || m.file_type().is_block_device());
+            if is_data && starts_with_superblock(real) {
+                // A directory volume is named by its directory, a device volume by the device.
+                let dir = real.parent().filter(|_| real.file_name() == Some(DATA_FILE.as_ref()));
+                return Some(dir.unwrap_or(real).to_path_buf());
+            }
+        }
+        let dir = match &real {
+            Some(real) => real.parent().map(Path::to_path_buf),
+            None => {
+                let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                std::fs::canonicalize(parent).ok()
+            }
+        }?;
+        dir.join(DATA_FILE).is_file().then_some(dir)
+    }
+}
+
+/// Whether the file or device at `path` begins with a volume's superblock magic.
+fn starts_with_superblock(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut magic = [0u8; superblock::MAGIC.len()];
+    File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == superblock::MAGIC
+}
+
 /// Where a volume's pieces are.
 #[derive(Debug, Clone)]
 pub(crate) struct VolumePaths {
@@ -72,7 +105,13 @@ pub fn create_data_file(paths: &VolumePaths, capacity: u64) -> Result<()> {
         }
         Err(e) => return Err(file_err("cannot create", &paths.data)(e)),
     };
-    reserve_space(&file, capacity).map_err(file_err("cannot reserve space for", &paths.data))?;
+    if let Err(e) = reserve_space(&file, capacity) {
+        // A file left behind (up to the whole capacity, when the file system ran out part way)
+        // would make the next `init` refuse and every other command call it no volume.
+        drop(file);
+        let _ = std::fs::remove_file(&paths.data);
+        return Err(file_err("cannot reserve space for", &paths.data)(e));
+    }
     Ok(())
 }
 
@@ -269,4 +308,34 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> std::result::Result<Superblock,
         field: "copy",
         detail: "no copy found".into(),
     }))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_volumes_own_files_are_recognised_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = dir.path().join("vol");
+        let create = CreateOptions { capacity_bytes: Some(8 << 20), segment_size_bytes: 1 << 20 };
+        crate::Store::create(&vol, &create, crate::StoreOptions::default()).unwrap().close().unwrap();
+        let real = std::fs::canonicalize(&vol).unwrap();
+        // The data file, through a symbolic link from elsewhere too.
+        let data = vol.join(DATA_FILE);
+        assert_eq!(VolumeFiles::volume_holding(&data), Some(real.clone()));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&data, &link).unwrap();
+        assert_eq!(VolumeFiles::volume_holding(&link), Some(real.clone()));
+        // Its checkpoint, and a file not yet there but inside the volume's directory.
+        assert_eq!(VolumeFiles::volume_holding(&vol.join(crate::CHECKPOINT_FILE)), Some(real.clone()));
+        assert_eq!(VolumeFiles::volume_holding(&vol.join("new-file")), Some(real));
+        // Files beside the volume, existing or not, are not its.
+        let beside = dir.path().join("out.bin");
+        assert_eq!(VolumeFiles::volume_holding(&beside), None);
+        std::fs::write(&beside, b"KVHOARD").unwrap();
+        assert_eq!(VolumeFiles::volume_holding(&beside), None);
+        assert_eq!(VolumeFiles::volume_holding(Path::new("no-such-dir/out.bin")), None);
+    }
 }

@@ -3,6 +3,7 @@
 mod cli;
 mod commands;
 mod flags;
+mod output;
 mod plot;
 mod replay;
 mod size;

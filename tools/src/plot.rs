@@ -152,7 +152,7 @@ impl Chart {
     /// Writes the chart to `path`.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let svg = self.svg().with_context(|| format!("cannot draw {}", path.display()))?;
-        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
+        crate::output::write_file(path, svg.as_bytes())
     }
 }
 

@@ -26,8 +26,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
             ))
         }
     };
+    let too_large = || format!("{s:?} is too large: a size is at most 16 EiB (2^64 - 1 bytes)");
+    // Whole numbers exactly, past what an f64 holds exactly.
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(mult).ok_or_else(too_large);
+    }
     let bytes = value * mult as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 || bytes.fract() != 0.0 {
+    // u64::MAX as f64 rounds up to 2^64, so the bound is strict.
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(too_large());
+    }
+    if bytes.fract() != 0.0 {
         return Err(format!("{s:?} is not a whole number of bytes"));
     }
     Ok(bytes as u64)
@@ -66,7 +75,11 @@ mod tests {
         assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
         assert!(parse_size("ten").is_err());
         assert!(parse_size("5 parsecs").unwrap_err().contains("unknown unit"));
-        assert!(parse_size("0.3B").is_err());
+        assert!(parse_size("0.3B").unwrap_err().contains("whole number"));
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert!(parse_size("99999999TiB").unwrap_err().contains("too large"));
+        assert!(parse_size("1e300").is_err());
+        assert!(parse_size("99999999999999999999.5").unwrap_err().contains("too large"));
     }
 
     #[test]

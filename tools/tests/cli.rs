@@ -102,6 +102,40 @@ fn errors_are_plain_words_with_a_way_forward() {
 }
 
 #[test]
+fn no_output_overwrites_a_volume_and_an_endless_input_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    let vol = p(&vol);
+    ok(&["init", vol, "--capacity", "16MiB", "--segment-size", "2MiB"]);
+    let block = dir.path().join("block.bin");
+    std::fs::write(&block, b"kept").unwrap();
+    ok(&["put", vol, "k", p(&block)]);
+    let data = dir.path().join("vol/volume.kvh");
+    let before = std::fs::read(&data).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    let targets = [data.clone(), dir.path().join("vol/checkpoint"), dir.path().join("vol/new"), link];
+    for target in &targets {
+        for args in
+            [vec!["get", vol, "k", "-o", p(target)], vec!["trace", "generate", "--requests", "2", "-o", p(target)]]
+        {
+            let out = kvhoard(&args);
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("refusing to write") && err.contains("outside the volume"), "{args:?}: {err}");
+        }
+    }
+    assert_eq!(std::fs::read(&data).unwrap(), before, "the volume file is untouched");
+    assert!(!dir.path().join("vol/new").exists());
+    assert_eq!(kvhoard(&["get", vol, "k"]).stdout, b"kept");
+    // A block larger than a segment is refused after reading at most one byte past the limit.
+    let out = kvhoard(&["put", vol, "z", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than this volume's largest block"));
+    assert_eq!(kvhoard(&["fsck", vol]).status.code(), Some(0));
+}
+
+#[test]
 fn every_subcommand_has_complete_help() {
     let top = ok(&["--help"]);
     for sub in ["init", "put", "get", "stat", "ls", "rm", "demo", "bench", "fsck", "inspect", "mount", "serve"] {

@@ -169,7 +169,14 @@ fn malformed_traces_are_refused_with_their_line() {
         (&["--scale", "0"][..], "--scale must be at least 1"),
         (&["--requests", "0"][..], "--requests must be at least 1"),
         (&["--ssd", "0"][..], "holds no"),
-        (&["--group-ttl", "1GB", "--ttl-window", "0"][..], "--ttl-window must be at least 1"),
+        (&["--group-ttl", "1GB", "--ttl-window", "0"][..], "--ttl-window is 0: give between 1"),
+        (
+            &["--ttl-groups", "18446744073709551615"][..],
+            "--ttl-groups is 18446744073709551615: give between 1 and 4096",
+        ),
+        (&["--gpus", "4294967296"][..], "--gpus is 4294967296: give between 1 and 4096"),
+        (&["--mfu", "2"][..], "--mfu is 2.0"),
+        (&["--ssd", "9223372036854775807"][..], "more than 1000 times"),
     ] {
         let mut args = vec!["replay", p(&trace), "--sim"];
         args.extend(flags);

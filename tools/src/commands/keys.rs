@@ -45,6 +45,26 @@ pub struct PutFlags {
     pub json: bool,
 }
 
+/// Reads the block to put from `file` (stdin for `-` or none), refusing one past `max` bytes
+/// as soon as it is: `/dev/zero` or an endless pipe fails at once instead of filling memory.
+fn read_block(file: Option<&Path>, max: u64) -> anyhow::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let (what, read) = match file {
+        Some(p) if p != Path::new("-") => {
+            let f = std::fs::File::open(p).with_context(|| format!("cannot read {}", p.display()))?;
+            (p.display().to_string(), f.take(max + 1).read_to_end(&mut buf))
+        }
+        _ => ("stdin".to_string(), std::io::stdin().lock().take(max + 1).read_to_end(&mut buf)),
+    };
+    read.with_context(|| format!("cannot read the block from {what}"))?;
+    if buf.len() as u64 > max {
+        anyhow::bail!(
+            "the block from {what} is larger than this volume's largest block ({max} bytes, a little less than a segment); split it, or create the volume with larger segments (init --segment-size)"
+        );
+    }
+    Ok(buf)
+}
+
 pub fn put(
     volume: &Path,
     namespace: &str,
@@ -53,14 +73,8 @@ pub fn put(
     flags: &PutFlags,
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
-    let bytes = match file {
-        Some(p) if p != Path::new("-") => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
-        _ => {
-            let mut buf = Vec::new();
-            std::io::stdin().lock().read_to_end(&mut buf).context("cannot read the block from stdin")?;
-            buf
-        }
-    };
+    let store = open(volume, opts)?;
+    let bytes = read_block(file, store.max_block_bytes())?;
     let desc = match (flags.dtype, flags.layout, &flags.shape) {
         (Some(dtype), Some(layout), Some(Shape(shape))) => {
             let desc = BlockDesc { dtype, layout, shape: shape.clone() };
@@ -71,7 +85,6 @@ pub fn put(
         }
         _ => None,
     };
-    let store = open(volume, opts)?;
     let put = PutOptions {
         ttl_secs: flags.ttl,
         group: flags.group,
@@ -104,15 +117,16 @@ pub fn get(
     verify: bool,
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
+    if let Some(p) = output.filter(|p| *p != Path::new("-")) {
+        crate::output::refuse_volume_file(p)?;
+    }
     let store = open(volume, opts)?;
     let Some(block) = store.get(namespace, key, ReadOptions { verify_hash: verify })? else {
         eprintln!("kvhoard: {key:?} not found in namespace {namespace:?}");
         return Ok(ExitCode::from(EXIT_NOT_FOUND));
     };
     match output {
-        Some(p) if p != Path::new("-") => {
-            std::fs::write(p, &*block).with_context(|| format!("cannot write {}", p.display()))?
-        }
+        Some(p) if p != Path::new("-") => crate::output::write_file(p, &block)?,
         _ => {
             let mut out = std::io::stdout().lock();
             out.write_all(&block).and_then(|()| out.flush()).context("cannot write to stdout")?;

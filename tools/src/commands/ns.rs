@@ -47,7 +47,11 @@ fn parse_alpha(s: &str) -> Result<Setting<f64>, String> {
 fn parse_drift(s: &str) -> Result<Setting<f64>, String> {
     setting(s, |s| {
         let pct = s.strip_suffix('%').unwrap_or(s);
-        pct.parse::<f64>().map(|p| p / 100.0).map_err(|e| format!("{s:?} is not a percentage ({e}); e.g. 5%"))
+        match pct.parse::<f64>() {
+            Ok(p) if (0.0..=100.0).contains(&p) => Ok(p / 100.0),
+            Ok(_) => Err(format!("{s:?} is not a percentage between 0% and 100%; e.g. 5%")),
+            Err(e) => Err(format!("{s:?} is not a percentage ({e}); e.g. 5%")),
+        }
     })
 }
 
@@ -66,7 +70,11 @@ fn parse_budget(s: &str) -> Result<Setting<u64>, String> {
 }
 
 fn parse_count(s: &str) -> Result<Setting<u32>, String> {
-    setting(s, |s| s.parse::<u32>().map_err(|e| format!("{s:?} is not a count ({e})")))
+    setting(s, |s| match s.parse::<u32>() {
+        Ok(0) => Err("0 groups: give at least 1, or `default`".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?} is not a count ({e})")),
+    })
 }
 
 fn parse_seconds(s: &str) -> Result<Setting<u32>, String> {
@@ -80,9 +88,16 @@ fn parse_seconds(s: &str) -> Result<Setting<u32>, String> {
             "s" => 1,
             "m" => 60,
             "h" => 3600,
+            u if u.starts_with('.') => {
+                return Err(format!("{s:?}: give a whole number of seconds, minutes or hours, e.g. 90m"))
+            }
             _ => return Err(format!("{s:?}: a duration's unit is s, m or h")),
         };
-        n.checked_mul(scale).ok_or_else(|| format!("{s:?} is too long"))
+        match n.checked_mul(scale) {
+            Some(0) => Err("a window of 0 seconds learns from nothing: give at least 1s, or `default`".into()),
+            Some(secs) => Ok(secs),
+            None => Err(format!("{s:?} is too long")),
+        }
     })
 }
 
@@ -313,4 +328,30 @@ pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set<T: Clone>(r: Result<Setting<T>, String>) -> Option<T> {
+        match r {
+            Ok(Setting::Set(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused_with_their_reason() {
+        assert_eq!(set(parse_drift("5%")), Some(0.05));
+        assert!(parse_drift("500%").is_err_and(|e| e.contains("between 0% and 100%")));
+        assert!(parse_drift("-1").is_err());
+        assert_eq!(set(parse_count("64")), Some(64));
+        assert!(parse_count("0").is_err_and(|e| e.contains("at least 1")));
+        assert!(matches!(parse_count("default"), Ok(Setting::Default)));
+        assert_eq!(set(parse_seconds("90m")), Some(5400));
+        assert!(parse_seconds("0").is_err_and(|e| e.contains("at least 1s")));
+        assert!(parse_seconds("1.5h").is_err_and(|e| e.contains("whole number")));
+        assert!(parse_seconds("2d").is_err_and(|e| e.contains("s, m or h")));
+    }
 }

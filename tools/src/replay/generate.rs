@@ -175,23 +175,31 @@ fn render(args: &GenerateArgs) -> String {
     text
 }
 
+/// Most requests (and documents) one trace may have: the trace is built in memory, a few
+/// hundred bytes a request.
+const REQUESTS_MAX: usize = 2_000_000;
+/// Slowest and fastest mean arrival rates, per second: slower, a trace's timestamps run past
+/// what a millisecond count holds; faster, every arrival lands in the same millisecond.
+const RATE_MIN: f64 = 1e-3;
+const RATE_MAX: f64 = 1e6;
+
 /// `kvhoard trace generate`.
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
-    if args.requests == 0 {
-        bail!("--requests must be at least 1");
+    if !(1..=REQUESTS_MAX).contains(&args.requests) {
+        bail!("--requests is {}: give between 1 and {REQUESTS_MAX} (the trace is built in memory)", args.requests);
     }
-    if !(args.rate.is_finite() && args.rate > 0.0) {
-        bail!("--rate must be a positive number of requests per second");
+    if !(RATE_MIN..=RATE_MAX).contains(&args.rate) {
+        bail!("--rate is {:?}: give between {RATE_MIN:?} and {RATE_MAX:?} requests per second", args.rate);
     }
-    if args.documents == Some(0) {
-        bail!("--documents must be at least 1");
+    if let Some(documents) = args.documents.filter(|d| !(1..=REQUESTS_MAX).contains(d)) {
+        bail!("--documents is {documents}: give between 1 and {REQUESTS_MAX}");
     }
     if !(args.zipf.is_finite() && args.zipf >= 0.0) {
         bail!("--zipf must be 0 or more");
     }
     let text = render(args);
     match &args.output {
-        Some(path) => std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?,
+        Some(path) => crate::output::write_file(path, text.as_bytes())?,
         None => std::io::stdout().lock().write_all(text.as_bytes()).context("cannot write the trace")?,
     }
     Ok(ExitCode::SUCCESS)

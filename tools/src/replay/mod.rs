@@ -43,6 +43,9 @@ use ttl::TtlSpec;
 /// block becomes 2 MiB.
 pub const DEFAULT_SCALE: u64 = 32;
 
+/// Longest window group TTL learns from, seconds (30 days).
+const TTL_WINDOW_MAX_SECS: u64 = 30 * 24 * 3600;
+
 /// The flags of `replay`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
@@ -433,14 +436,21 @@ pub fn run(args: &ReplayArgs, store: StoreOptions) -> anyhow::Result<ExitCode> {
     if args.scale == 0 {
         bail!("--scale must be at least 1 (1: blocks at the model's real size)");
     }
-    if args.ttl_window == 0 {
-        bail!("--ttl-window must be at least 1 second");
+    if !(1..=TTL_WINDOW_MAX_SECS).contains(&args.ttl_window) {
+        bail!("--ttl-window is {}: give between 1 and {TTL_WINDOW_MAX_SECS} seconds (30 days)", args.ttl_window);
+    }
+    let groups_max = kvhoard_engine::MAX_TTL_GROUPS as usize;
+    if !(1..=groups_max).contains(&args.ttl_groups) {
+        bail!("--ttl-groups is {}: give between 1 and {groups_max}", args.ttl_groups);
+    }
+    if let Some(dir) = &args.plot {
+        crate::output::refuse_volume_dir(dir)?;
     }
     let calibrate = args.compare.as_deref().map(|dir| (dir, args.scale));
     let s = Setup::new(&args.trace, &args.serving, store, calibrate)?;
     let tiers = Tiers {
-        dram: s.size(args.dram, args.dram_fraction, 0.0)?,
-        ssd: s.size(args.ssd, args.ssd_fraction, 0.3)?,
+        dram: s.size("dram", args.dram, args.dram_fraction, 0.0)?,
+        ssd: s.size("ssd", args.ssd, args.ssd_fraction, 0.3)?,
         ttl: ttl_spec(args),
         scale: args.scale,
     };

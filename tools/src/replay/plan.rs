@@ -86,22 +86,56 @@ fn parse_ttls(text: &str) -> anyhow::Result<Vec<u32>> {
             n => n.parse::<u32>().with_context(|| format!("--ttls: {n:?} is not a number of seconds or `none`")),
         })
         .collect::<anyhow::Result<_>>()?;
-    if ttls.is_empty() {
-        bail!("--ttls needs at least one TTL");
+    if ttls.is_empty() || ttls.len() > STEPS_MAX {
+        bail!("--ttls gives {} TTLs: give between 1 and {STEPS_MAX}", ttls.len());
     }
     Ok(ttls)
+}
+
+/// Most sizes of one tier in the grid: every configuration replays the whole trace.
+const STEPS_MAX: usize = 64;
+/// Largest tier the grid may reach, as a multiple of the trace's distinct bytes (past 1 the
+/// tier holds everything already).
+const FRACTION_MAX: f64 = 100.0;
+
+/// Checks the flags that shape the grid and the costs, before the trace is read.
+fn check_flags(args: &CapacityArgs) -> anyhow::Result<()> {
+    let fractions = [
+        ("--ssd-min-fraction", args.ssd_min_fraction),
+        ("--ssd-max-fraction", args.ssd_max_fraction),
+        ("--dram-max-fraction", args.dram_max_fraction),
+    ];
+    for (flag, value) in fractions {
+        if !(0.0..=FRACTION_MAX).contains(&value) {
+            bail!("{flag} is {value:?}: give a fraction of the trace's distinct bytes between 0 and {FRACTION_MAX}");
+        }
+    }
+    if !(args.ssd_min_fraction > 0.0 && args.ssd_min_fraction <= args.ssd_max_fraction) {
+        bail!(
+            "--ssd-min-fraction ({}) must be above 0 and at most --ssd-max-fraction ({})",
+            args.ssd_min_fraction,
+            args.ssd_max_fraction
+        );
+    }
+    for (flag, steps) in [("--dram-steps", args.dram_steps), ("--ssd-steps", args.ssd_steps)] {
+        if !(1..=STEPS_MAX).contains(&steps) {
+            bail!(
+                "{flag} is {steps}: give between 1 and {STEPS_MAX} sizes (each configuration replays the whole trace)"
+            );
+        }
+    }
+    for (flag, value) in [("--dram-cost", args.dram_cost), ("--ssd-cost", args.ssd_cost)] {
+        if !(value.is_finite() && value >= 0.0) {
+            bail!("{flag} is {value:?}: give a price in dollars per GB-hour, 0 or more");
+        }
+    }
+    Ok(())
 }
 
 /// The space the flags describe.
 fn space(args: &CapacityArgs, distinct: u64) -> anyhow::Result<Space> {
     let f = |x: f64| (distinct as f64 * x) as u64;
-    if !(args.ssd_min_fraction > 0.0 && args.ssd_min_fraction <= args.ssd_max_fraction && args.dram_max_fraction >= 0.0)
-    {
-        bail!("need 0 < --ssd-min-fraction <= --ssd-max-fraction and --dram-max-fraction >= 0");
-    }
-    if args.dram_steps == 0 || args.ssd_steps == 0 {
-        bail!("--dram-steps and --ssd-steps must be at least 1");
-    }
+    check_flags(args)?;
     let dram =
         if args.dram_max_fraction == 0.0 { vec![0] } else { geometric(0, f(args.dram_max_fraction), args.dram_steps) };
     Ok(Space {
@@ -113,6 +147,10 @@ fn space(args: &CapacityArgs, distinct: u64) -> anyhow::Result<Space> {
 
 /// `kvhoard plan capacity`.
 pub fn run(args: &CapacityArgs, store: StoreOptions) -> anyhow::Result<ExitCode> {
+    check_flags(args)?;
+    if let Some(dir) = &args.plot {
+        crate::output::refuse_volume_dir(dir)?;
+    }
     let s = Setup::new(&args.trace, &args.serving, store, None)?;
     let policy = PolicySpec::parse(&args.policy)?;
     let facts = s.codecs(&policy)?;

@@ -63,6 +63,39 @@ pub struct ServingArgs {
     pub codec_gbps: Option<f64>,
 }
 
+/// Largest tier a replay models, as a multiple of the trace's distinct bytes.
+pub const TIER_FRACTION_MAX: f64 = 1000.0;
+
+/// Most serving GPUs a replay models (each is a queue the replay keeps).
+const GPUS_MAX: usize = 4096;
+
+impl ServingArgs {
+    /// Checks every number the flags give, naming the flag that is out of range.
+    fn check(&self) -> anyhow::Result<()> {
+        let ranges = [
+            ("--time-scale", Some(self.time_scale), 1e-6, 1e6, "a factor"),
+            ("--mfu", Some(self.mfu), 1e-6, 1.0, "a fraction of the GPU's peak"),
+            ("--gpu-tflops", Some(self.gpu_tflops), 1e-3, 1e6, "TFLOPS"),
+            ("--dram-gbps", self.dram_gbps, 1e-6, 1e6, "GB/s"),
+            ("--ssd-gbps", self.ssd_gbps, 1e-6, 1e6, "GB/s"),
+            ("--codec-gbps", self.codec_gbps, 1e-6, 1e6, "GB/s"),
+            ("--decode-cores", self.decode_cores, 1.0, 1e6, "cores"),
+        ];
+        for (flag, value, min, max, unit) in ranges {
+            if let Some(v) = value.filter(|v| !(min..=max).contains(v)) {
+                bail!("{flag} is {v:?}: give {unit} between {min:?} and {max:?}");
+            }
+        }
+        if !(1..=GPUS_MAX).contains(&self.gpus) {
+            bail!("--gpus is {}: give between 1 and {GPUS_MAX}", self.gpus);
+        }
+        if self.requests == Some(0) {
+            bail!("--requests must be at least 1");
+        }
+        Ok(())
+    }
+}
+
 /// Everything a replay needs besides a policy and tier sizes.
 pub struct Setup {
     /// The (possibly sliced) trace.
@@ -94,23 +127,14 @@ impl Setup {
         store: StoreOptions,
         calibrate_on: Option<(&Path, u64)>,
     ) -> anyhow::Result<Setup> {
+        args.check()?;
         let mut trace = Trace::read(trace)?;
         if let Some(n) = args.requests {
-            if n == 0 {
-                bail!("--requests must be at least 1");
-            }
             trace = trace.slice(n);
         }
         let mut model = Profile::named(&args.model)?;
         if let Some(bytes) = args.bytes_per_token {
             model = model.with_bytes_per_token(bytes)?;
-        }
-        let positive = |x: f64| x.is_finite() && x > 0.0;
-        if !positive(args.time_scale) || !positive(args.mfu) || !positive(args.gpu_tflops) || args.gpus == 0 {
-            bail!("--time-scale, --mfu, --gpu-tflops and --gpus must be positive");
-        }
-        if args.codec_gbps.is_some_and(|g| !positive(g)) {
-            bail!("--codec-gbps must be a positive number of GB/s");
         }
         let bandwidths = bandwidths(args, model, &store, calibrate_on)?;
         Ok(Setup {
@@ -131,13 +155,32 @@ impl Setup {
         self.trace.distinct_blocks() * self.raw_block
     }
 
-    /// A tier size: `bytes` if given, else `fraction` of the distinct bytes.
-    pub fn size(&self, bytes: Option<u64>, fraction: Option<f64>, default_fraction: f64) -> anyhow::Result<u64> {
+    /// A tier size: `bytes` if given (flag `--{tier}`), else `fraction` of the distinct bytes
+    /// (flag `--{tier}-fraction`). At most [`TIER_FRACTION_MAX`] times the distinct bytes: a
+    /// tier that holds everything already behaves the same larger, and a simulated volume of
+    /// exabytes would be built segment by segment.
+    pub fn size(
+        &self,
+        tier: &str,
+        bytes: Option<u64>,
+        fraction: Option<f64>,
+        default_fraction: f64,
+    ) -> anyhow::Result<u64> {
         let f = fraction.unwrap_or(default_fraction);
-        if !(0.0..=1000.0).contains(&f) {
-            bail!("a tier fraction must be between 0 and 1000, not {f}");
+        if !(0.0..=TIER_FRACTION_MAX).contains(&f) {
+            bail!(
+                "--{tier}-fraction is {f:?}: give between 0 and {TIER_FRACTION_MAX} (times the trace's distinct bytes)"
+            );
         }
-        Ok(bytes.unwrap_or((self.distinct_bytes() as f64 * f) as u64))
+        let most = (self.distinct_bytes() as f64 * TIER_FRACTION_MAX) as u64;
+        match bytes {
+            Some(b) if b > most => bail!(
+                "--{tier} is {b} bytes, more than {TIER_FRACTION_MAX} times the {} distinct bytes of the trace: give at most {most}",
+                self.distinct_bytes()
+            ),
+            Some(b) => Ok(b),
+            None => Ok((self.distinct_bytes() as f64 * f) as u64),
+        }
     }
 
     /// The facts of the codecs `policy` stores with: measured, and their decode speed pinned
@@ -202,8 +245,13 @@ fn bandwidths(
     if let Some(cores) = args.decode_cores {
         bw.decode_cores = cores;
     }
-    if !(bw.ssd_bps > 0.0 && bw.dram_bps > 0.0 && bw.decode_cores >= 1.0) {
-        bail!("bandwidths must be positive and --decode-cores at least 1");
+    for (what, bps) in [("SSD", bw.ssd_bps), ("DRAM", bw.dram_bps)] {
+        if !(bps.is_finite() && bps > 0.0) {
+            bail!(
+                "the {what} bandwidth is {bps} bytes a second; it must be positive (check --measured and --{}-gbps)",
+                what.to_lowercase()
+            );
+        }
     }
     Ok(bw)
 }

@@ -44,6 +44,10 @@ struct Line {
     hash_ids: Vec<u64>,
 }
 
+/// Longest prompt a trace request may have, in tokens (the longest context windows are about a
+/// million): bounds the blocks one request makes a replay look up.
+pub const PROMPT_TOKENS_MAX: u64 = 1 << 22;
+
 impl Trace {
     /// Reads a trace file.
     pub fn read(path: &Path) -> anyhow::Result<Trace> {
@@ -56,6 +60,8 @@ impl Trace {
     pub fn parse(text: &str) -> anyhow::Result<Trace> {
         let mut requests = Vec::new();
         let mut last = 0;
+        // A byte-order mark, as some editors save, is not part of the first request.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (i, line) in text.lines().enumerate() {
             let n = i + 1;
             if line.trim().is_empty() {
@@ -75,11 +81,15 @@ impl Trace {
             if l.hash_ids.is_empty() && l.input_length > 0 {
                 bail!("line {n}: a prompt of {} tokens with no hash_ids", l.input_length);
             }
-            if (l.hash_ids.len() as u64) < l.input_length.div_ceil(BLOCK_TOKENS) {
+            if l.input_length > PROMPT_TOKENS_MAX {
+                bail!("line {n}: a prompt of {} tokens; a request has at most {PROMPT_TOKENS_MAX}", l.input_length);
+            }
+            if l.hash_ids.len() as u64 != l.input_length.div_ceil(BLOCK_TOKENS) {
                 bail!(
-                    "line {n}: {} hash_ids for {} prompt tokens; expected one per {BLOCK_TOKENS} tokens",
+                    "line {n}: {} hash_ids for {} prompt tokens; expected one per {BLOCK_TOKENS} tokens ({})",
                     l.hash_ids.len(),
-                    l.input_length
+                    l.input_length,
+                    l.input_length.div_ceil(BLOCK_TOKENS)
                 );
             }
             last = l.timestamp;
@@ -190,12 +200,17 @@ mod tests {
             ("{\"timestamp\": 0}", "line 1 is not a request"),
             ("{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 4, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}", "line 2: timestamp 4"),
             ("{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 1, \"hash_ids\": [1]}", "line 1: 1 hash_ids for 2000"),
+            ("{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1, 2]}", "line 1: 2 hash_ids for 10"),
+            ("{\"timestamp\": 0, \"input_length\": 99999999999, \"output_length\": 1, \"hash_ids\": [1]}", "at most 4194304"),
             ("not json", "line 1"),
             ("", "no request"),
         ] {
             let err = format!("{:#}", Trace::parse(text).unwrap_err());
             assert!(err.contains(want), "{text:?}: {err}");
         }
+        let bom =
+            Trace::parse("\u{feff}{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [4]}");
+        assert_eq!(bom.expect("a byte-order mark is skipped").requests.len(), 1);
         assert_eq!(block_tokens(1, 2, 600), 88);
         // Both requests start with block 0: contexts are named by the block after it.
         let t = Trace::parse(
