@@ -179,7 +179,7 @@ pub enum Command {
         /// Continue a listing after this cursor (printed by --json listings).
         #[arg(long, value_name = "CURSOR")]
         after: Option<String>,
-        /// Also print size, creation time and content hash.
+        /// Also print size, codec, creation time (UTC) and the start of the content hash.
         #[arg(short, long)]
         long: bool,
         /// Print JSON lines, one per key, then one with the cursor to continue from.
@@ -433,7 +433,7 @@ pub enum TraceCommand {
     Generate(crate::replay::generate::GenerateArgs),
     /// Measure a trace's reuse.
     Stats {
-        /// The trace (Mooncake's JSON lines).
+        /// The trace (Mooncake's JSON lines); `-`: standard input.
         trace: std::path::PathBuf,
         /// Print one JSON object.
         #[arg(long)]

@@ -7,6 +7,7 @@ mod output;
 mod plot;
 mod replay;
 mod size;
+mod time;
 
 use std::process::ExitCode;
 

@@ -332,6 +332,9 @@ fn inspect_json_agrees_with_the_engine_and_fsck_exit_codes_follow_e2fsck() {
     let by_hash = kvhoard(&["inspect", vol, "dump", block["content_hash"].as_str().unwrap(), "--raw"]).stdout;
     assert_eq!(by_hash, sources[2]);
     assert_eq!(code(&["inspect", vol, "block", "nope"]), 3);
+    let out = kvhoard(&["inspect", vol, "segment", "99999"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no segment 99999"));
 
     assert_eq!(code(&["fsck", vol]), 0);
     let offset = block["offset"].as_u64().unwrap() + 4096 + 10;
@@ -343,6 +346,10 @@ fn inspect_json_agrees_with_the_engine_and_fsck_exit_codes_follow_e2fsck() {
         serde_json::from_str(&String::from_utf8(kvhoard(&["fsck", vol, "--json"]).stdout).unwrap()).unwrap();
     assert_eq!(found["exit_code"], 4);
     assert_eq!(found["found"]["lost_keys"].as_array().unwrap().len(), 2);
+    let damaged = kvhoard(&["get", vol, "k2"]);
+    assert_eq!(damaged.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&damaged.stderr);
+    assert!(err.contains("its block is damaged") && err.contains("fsck --repair"), "{err}");
     assert_eq!(code(&["fsck", vol, "--repair"]), 1);
     assert_eq!(code(&["fsck", vol]), 0);
     assert_eq!(kvhoard(&["get", vol, "k4"]).stdout, sources[4]);

@@ -57,6 +57,13 @@ impl VolumeView {
         Ok(VolumeView { dev, checkpoint_seq: cp.map(|c| c.checkpoint_seq), scan, index, headers })
     }
 
+    /// The bytes the volume file holds when it is shorter than its superblock says (cut short:
+    /// the segments past its end are missing from this view); `None` when it is whole.
+    pub fn cut_short(&self) -> Option<u64> {
+        let have = self.dev.capacity_bytes();
+        (have < self.scan.sb.capacity_bytes).then_some(have)
+    }
+
     /// Whether the record at `loc` is its key's current record (the one a read of the key uses).
     pub fn is_current(&self, loc: Loc) -> bool {
         let Some(h) = self.header(loc) else { return false };

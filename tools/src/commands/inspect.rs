@@ -19,10 +19,17 @@ use crate::EXIT_NOT_FOUND;
 
 pub fn run(volume: &Path, what: Option<InspectWhat>, namespace: &str, json: bool) -> anyhow::Result<ExitCode> {
     let view = VolumeView::open(volume).with_context(|| format!("cannot inspect {}", volume.display()))?;
+    if let Some(have) = view.cut_short() {
+        eprintln!(
+            "kvhoard: warning: the volume file is cut short ({have} bytes of {}): the segments past its end are missing from this view, and the engine refuses to open the volume; `kvhoard fsck --repair {}` extends it",
+            view.scan.sb.capacity_bytes,
+            volume.display()
+        );
+    }
     match what.unwrap_or(InspectWhat::Summary) {
         InspectWhat::Summary => summary(&view, json),
         InspectWhat::Segments => segments(&view, json),
-        InspectWhat::Segment { index } => segment(&view, index, json),
+        InspectWhat::Segment { index } => segment(&view, index, json)?,
         InspectWhat::Block { key } => return block(&view, namespace, &key, json),
         InspectWhat::Dump { key, raw } => return dump(&view, namespace, &key, raw),
     }
@@ -49,6 +56,7 @@ fn summary(view: &VolumeView, json: bool) {
                 "namespaces": ns, "codecs": s.codecs, "tiers": s.tiers,
                 "live_ratio_histogram": s.live_ratio_histogram, "ttl": s.ttl, "age": s.age,
                 "checkpoint_seq": view.checkpoint_seq,
+                "file_cut_short_at_bytes": view.cut_short(),
                 "freed_ahead_seq": view.scan.sb.freed_ahead.seq,
                 "freed_ahead_checkpoint_seq": view.scan.sb.freed_ahead.checkpoint_seq,
             })
@@ -148,10 +156,13 @@ fn segments(view: &VolumeView, json: bool) {
     }
 }
 
-fn segment(view: &VolumeView, index: u32, json: bool) {
+fn segment(view: &VolumeView, index: u32, json: bool) -> anyhow::Result<()> {
     let Some(seg) = view.scan.segments.get(index as usize) else {
-        eprintln!("kvhoard: no segment {index}: the volume has {}", view.scan.segments.len());
-        return;
+        anyhow::bail!(
+            "no segment {index}: the volume has {} (0 to {})",
+            view.scan.segments.len(),
+            view.scan.segments.len().saturating_sub(1)
+        );
     };
     if !json {
         println!("segment {index}: {}, {} records", state(&seg.header, &seg.summary), seg.records.len());
@@ -181,6 +192,7 @@ fn segment(view: &VolumeView, index: u32, json: bool) {
             );
         }
     }
+    Ok(())
 }
 
 fn block(view: &VolumeView, namespace: &str, key: &str, json: bool) -> anyhow::Result<ExitCode> {

@@ -93,7 +93,8 @@ pub fn put(
         codec: flags.codec,
         ..PutOptions::default()
     };
-    let hash = store.put(namespace, key, &bytes, &put).with_context(|| format!("cannot store {key:?}"))?;
+    let hash =
+        store.put(namespace, key, &bytes, &put).with_context(|| format!("cannot store {}", super::shown(key)))?;
     let meta = store.meta(namespace, key)?;
     store.close()?;
     if flags.json {
@@ -121,8 +122,18 @@ pub fn get(
         crate::output::refuse_volume_file(p)?;
     }
     let store = open(volume, opts)?;
+    let damaged_before = store.stats().read_errors;
     let Some(block) = store.get(namespace, key, ReadOptions { verify_hash: verify })? else {
-        eprintln!("kvhoard: {key:?} not found in namespace {namespace:?}");
+        if store.stats().read_errors > damaged_before {
+            // A damaged block reads as a miss (a cache recomputes it), but a person asking for
+            // it should learn why, and what repairs it.
+            eprintln!(
+                "kvhoard: {key:?} in namespace {namespace:?} is stored but its block is damaged (the error above says where), so it reads as a miss; `kvhoard fsck --repair {}` deletes keys whose blocks are damaged",
+                volume.display()
+            );
+        } else {
+            eprintln!("kvhoard: {key:?} not found in namespace {namespace:?}");
+        }
         return Ok(ExitCode::from(EXIT_NOT_FOUND));
     };
     match output {
@@ -143,7 +154,8 @@ pub fn rm(
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
     let store = open(volume, opts)?;
-    let existed = store.delete(namespace, key, durability).with_context(|| format!("cannot delete {key:?}"))?;
+    let existed =
+        store.delete(namespace, key, durability).with_context(|| format!("cannot delete {}", super::shown(key)))?;
     store.close()?;
     if existed {
         Ok(ExitCode::SUCCESS)

@@ -40,7 +40,7 @@ pub fn run(
                     "{:>10}  {:<13}  {}  {}  {}",
                     human(e.raw_len),
                     e.codec,
-                    e.created_unix_ms,
+                    crate::time::utc(e.created_unix_ms),
                     &hex(&e.content_hash)[..16],
                     e.key
                 )

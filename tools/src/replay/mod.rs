@@ -49,7 +49,8 @@ const TTL_WINDOW_MAX_SECS: u64 = 30 * 24 * 3600;
 /// The flags of `replay`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReplayArgs {
-    /// The trace (Mooncake's JSON lines: timestamp, input_length, output_length, hash_ids).
+    /// The trace (Mooncake's JSON lines: timestamp, input_length, output_length, hash_ids); `-`:
+    /// standard input.
     pub trace: PathBuf,
     /// Replay through the real engine, on a fresh volume created in DIR (removed afterwards).
     #[arg(long, value_name = "DIR", conflicts_with = "sim")]

@@ -31,7 +31,7 @@ pub const SSD_DOLLARS_PER_GB_HOUR: f64 = 0.00016;
 /// The flags of `plan capacity`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CapacityArgs {
-    /// The trace (Mooncake's JSON lines).
+    /// The trace (Mooncake's JSON lines); `-`: standard input.
     #[arg(long, value_name = "FILE")]
     pub trace: PathBuf,
     /// The placement policy every configuration runs (see `kvhoard replay --help`).

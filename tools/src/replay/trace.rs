@@ -49,10 +49,16 @@ struct Line {
 pub const PROMPT_TOKENS_MAX: u64 = 1 << 22;
 
 impl Trace {
-    /// Reads a trace file.
+    /// Reads a trace file (`-`: standard input).
     pub fn read(path: &Path) -> anyhow::Result<Trace> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("cannot read the trace {}", path.display()))?;
+        let text = if path == Path::new("-") {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
+                .context("cannot read the trace from standard input")?;
+            text
+        } else {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read the trace {}", path.display()))?
+        };
         Trace::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 
