@@ -34,9 +34,7 @@ impl VolumeFiles {
         let checkpoint = paths.meta_dir.map(|dir| dir.join(crate::checkpoint::CHECKPOINT_FILE));
         VolumeFiles { data: paths.data, checkpoint }
     }
-}
 
-impl VolumeFiles {
     /// The volume that the file at `path` is part of, if any: the data file or block device of
     /// a volume (it starts with a superblock), or any file inside a volume's directory (its
     /// checkpoints, its lock). Tools that write a file a user names check this first, so that a
