@@ -95,6 +95,15 @@ pub fn create_data_file(paths: &VolumePaths, capacity: u64) -> Result<()> {
         let path = path.to_path_buf();
         move |source| StoreError::File { action, path, source }
     };
+    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(StoreError::invalid(
+            "volume path",
+            format!(
+                "{} is a file, not a directory: give a directory (created if missing) or a block device",
+                dir.display()
+            ),
+        ));
+    }
     std::fs::create_dir_all(dir).map_err(file_err("cannot create directory", dir))?;
     let file = match OpenOptions::new().read(true).write(true).create_new(true).open(&paths.data) {
         Ok(f) => f,

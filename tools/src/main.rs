@@ -80,10 +80,28 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("kvhoard: error: {e:#}");
+            eprintln!("kvhoard: error: {}", plain_error(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes, joined by ": ", each cause left out when the message before it already
+/// says it (library errors often print their source in their own message, and `{:#}` would
+/// repeat it: "File exists (os error 17): File exists (os error 17)").
+pub fn plain_error(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 fn init_logging(level: &str) {
@@ -100,5 +118,24 @@ fn restore_sigpipe() {
     // disposition to SIG_DFL installs no handler code and cannot violate memory safety.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(17);
+        let engine =
+            kvhoard_engine::StoreError::File { action: "cannot create directory", path: "v".into(), source: io };
+        let e = anyhow::Error::new(engine).context("cannot create a volume at v");
+        assert_eq!(
+            plain_error(&e),
+            "cannot create a volume at v: cannot create directory v: File exists (os error 17)"
+        );
+        let e = anyhow::anyhow!("inner").context("middle").context("outer");
+        assert_eq!(plain_error(&e), "outer: middle: inner");
     }
 }

@@ -83,6 +83,14 @@ fn errors_are_plain_words_with_a_way_forward() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("64MiB"));
     let out = kvhoard(&["init", p(&dir.path().join("v")), "--capacity", "4MiB"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2"), "{}", String::from_utf8_lossy(&out.stderr));
+    // A file where the volume's directory should be is named as such, each cause said once.
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let out = kvhoard(&["init", p(&dir.path().join("file")), "--capacity", "16MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is a file, not a directory"), "{err}");
+    let out = kvhoard(&["init", p(&dir.path().join("file/v")), "--capacity", "16MiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
     // The failed init left nothing behind: a corrected one succeeds.
     ok(&["init", p(&dir.path().join("v")), "--capacity", "16MiB", "--segment-size", "2MiB"]);
     // The writer's limits are refused when it could not work with them, not quietly raised.

@@ -218,11 +218,11 @@ fn reload(running: &Running, args: &ServeArgs, resp: Option<SocketAddr>) {
         }
         Ok(None) => {}
         Err(e) => {
-            tracing::error!("cluster map not reloaded: {e:#}");
+            tracing::error!("cluster map not reloaded: {}", crate::plain_error(&e));
             let still = running
                 .cluster()
                 .map_or_else(String::new, |c| format!("; still serving map epoch {}", c.map().epoch()));
-            eprintln!("kvhoard: cluster map NOT reloaded: {e:#}{still}");
+            eprintln!("kvhoard: cluster map NOT reloaded: {}{still}", crate::plain_error(&e));
         }
     }
 }
