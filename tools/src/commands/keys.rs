@@ -79,7 +79,12 @@ pub fn put(
         (Some(dtype), Some(layout), Some(Shape(shape))) => {
             let desc = BlockDesc { dtype, layout, shape: shape.clone() };
             desc.validate(bytes.len() as u64).with_context(|| {
-                format!("--dtype {dtype} --layout {layout} --shape does not describe the {} bytes given", bytes.len())
+                let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+                format!(
+                    "--dtype {dtype} --layout {layout} --shape {} does not describe the {} bytes given",
+                    dims.join(","),
+                    bytes.len()
+                )
             })?;
             Some(desc)
         }
