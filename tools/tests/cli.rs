@@ -91,6 +91,13 @@ fn errors_are_plain_words_with_a_way_forward() {
     let out = kvhoard(&["init", p(&dir.path().join("file/v")), "--capacity", "16MiB"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("os error").count(), 1, "{err}");
+    // Counts a benchmark would die of (allocating per thread, per batch) are refused by name.
+    for (flag, value) in [("--threads", "4294967296"), ("--batch", "18446744073709551615"), ("--block-size", "0")] {
+        let out = kvhoard(&["bench", p(&dir.path().join("b")), flag, value]);
+        assert_eq!(out.status.code(), Some(1), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{flag} is {value}: give between 1 and")), "{flag} {value}: {err}");
+    }
     // The failed init left nothing behind: a corrected one succeeds.
     ok(&["init", p(&dir.path().join("v")), "--capacity", "16MiB", "--segment-size", "2MiB"]);
     // The writer's limits are refused when it could not work with them, not quietly raised.

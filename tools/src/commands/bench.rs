@@ -196,7 +196,43 @@ pub enum Workload {
     Cleaning,
 }
 
+/// Most client threads, blocks per batch, bytes per block and bytes in all a benchmark takes:
+/// past them a slip of a flag would exhaust memory or run for days rather than measure.
+const THREADS_MAX: usize = 1024;
+const BATCH_MAX: usize = 65_536;
+const BLOCK_MAX: u64 = 1 << 30;
+const TOTAL_MAX: u64 = 1 << 50;
+const BLOCKS_MAX: u64 = 100_000_000;
+const ROUNDS_MAX: usize = 1000;
+const COPIES_MAX: u32 = 10_000;
+
+impl BenchArgs {
+    /// Every count and size in range, naming the flag that is not.
+    fn check(&self) -> anyhow::Result<()> {
+        let counts = [
+            ("--threads", self.threads as u64, THREADS_MAX as u64),
+            ("--batch", self.batch as u64, BATCH_MAX as u64),
+            ("--get-batch", self.get_batch as u64, BATCH_MAX as u64),
+            ("--block-size", self.block_size, BLOCK_MAX),
+            ("--blocks", self.blocks, BLOCKS_MAX),
+            ("--rounds", self.rounds as u64, ROUNDS_MAX as u64),
+        ];
+        for (flag, value, max) in counts {
+            ensure!((1..=max).contains(&value), "{flag} is {value}: give between 1 and {max}");
+        }
+        ensure!(self.total <= TOTAL_MAX, "--total is {} bytes: give at most {TOTAL_MAX} (1 PiB)", self.total);
+        ensure!(self.copies <= COPIES_MAX, "--copies is {}: give at most {COPIES_MAX}", self.copies);
+        ensure!(
+            self.put_mbps.is_finite() && self.put_mbps > 0.0,
+            "--put-mbps is {:?}: give a rate above 0 MB/s",
+            self.put_mbps
+        );
+        Ok(())
+    }
+}
+
 pub fn run(dir: &Path, args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    args.check()?;
     ensure!(
         !VolumeFiles::of(dir).data.exists(),
         "{} already holds a volume; bench needs a fresh directory",
@@ -261,10 +297,7 @@ fn bar(len: u64, show: bool) -> ProgressBar {
 }
 
 fn throughput(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    ensure!(a.block_size > 0 && a.total >= a.block_size, "--total must hold at least one --block-size");
-    ensure!(a.threads > 0, "--threads must be at least 1");
-    ensure!(a.batch > 0, "--batch must be at least 1");
-    ensure!(a.get_batch > 0, "--get-batch must be at least 1");
+    ensure!(a.total >= a.block_size, "--total must hold at least one --block-size");
     let count = a.total / a.block_size;
     // The disk first, on the empty directory, then again after the engine.
     let disk_before = if a.compare_disk {
@@ -521,7 +554,6 @@ mod files {
 }
 
 fn restart(dir: &Path, a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    ensure!(a.blocks > 0, "--blocks must be at least 1");
     let block_size = a.block_size.clamp(8, 1 << 20) as usize;
     let record = (block_size as u64).div_ceil(4096) * 4096 + 4096;
     let segment = 256u64 << 20;

@@ -70,9 +70,6 @@ pub struct CleaningArgs {
 
 pub fn run(dir: &Path, a: &CleaningArgs) -> anyhow::Result<serde_json::Value> {
     let rounds = a.rounds;
-    ensure!(a.threads > 0, "--threads must be at least 1");
-    ensure!(rounds > 0, "--rounds must be at least 1");
-    ensure!(a.put_mbps > 0.0, "--put-mbps must be above 0");
     let block = a.block_size;
     let record = block.div_ceil(4096) * 4096 + 4096;
     let segment = (record * 4).max(16 << 20).div_ceil(1 << 20) << 20;
