@@ -111,25 +111,13 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
     if opts.lm.is_none() && opts.resp.is_none() {
         return Err(ServeError::NoListener);
     }
-    if opts.max_object_bytes > i32::MAX as u64 {
-        return Err(ServeError::Invalid(format!(
-            "max object size {} bytes is more than lm:// can carry ({} bytes)",
-            opts.max_object_bytes,
-            i32::MAX
-        )));
-    }
+    opts.validate().map_err(ServeError::Invalid)?;
     check_codecs(&store, &opts)?;
-    if opts.inflight_bytes < opts.max_object_bytes {
-        return Err(ServeError::Invalid(format!(
-            "in-flight budget {} bytes is smaller than the largest object ({} bytes); raise it or lower the max object size",
-            opts.inflight_bytes, opts.max_object_bytes
-        )));
-    }
-    let max_connections = u32::try_from(opts.max_connections.clamp(1, Semaphore::MAX_PERMITS.min(1 << 20)))
+    let max_connections = u32::try_from(opts.max_connections.min(Semaphore::MAX_PERMITS))
         .map_err(|_| ServeError::Invalid("max connections out of range".into()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(network_threads(opts.threads))
-        .max_blocking_threads(opts.blocking_threads.max(1))
+        .max_blocking_threads(opts.blocking_threads)
         .thread_name("kvhoard-serve")
         .enable_io()
         .enable_time()

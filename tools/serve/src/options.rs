@@ -82,3 +82,85 @@ impl Default for ServeOptions {
         }
     }
 }
+
+/// Most connections at once (each holds a task and buffers).
+pub const MAX_CONNECTIONS: usize = 1 << 20;
+/// Most network threads.
+pub const MAX_THREADS: usize = 1024;
+/// Longest request and header timeout: a day (a client stalled longer is gone).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+/// Longest idle timeout: 30 days.
+pub const MAX_IDLE: Duration = Duration::from_secs(30 * 86_400);
+
+impl ServeOptions {
+    /// Every limit in range, naming the one that is not (as its `kvhoard serve` flag).
+    pub fn validate(&self) -> Result<(), String> {
+        let lm_max = i32::MAX as u64;
+        if !(1..=lm_max).contains(&self.max_object_bytes) {
+            return Err(format!(
+                "max object size (--max-object-size) is {} bytes: give between 1 and {lm_max} bytes (what lm:// can carry)",
+                self.max_object_bytes
+            ));
+        }
+        if self.inflight_bytes < self.max_object_bytes {
+            return Err(format!(
+                "in-flight budget (--max-inflight) {} bytes is smaller than the largest object ({} bytes); raise it or lower the max object size",
+                self.inflight_bytes, self.max_object_bytes
+            ));
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return Err(format!(
+                "max connections (--max-connections) is {}: give between 1 and {MAX_CONNECTIONS}",
+                self.max_connections
+            ));
+        }
+        if self.threads > MAX_THREADS {
+            return Err(format!(
+                "network threads (--threads) is {}: give at most {MAX_THREADS}, or 0 for one per CPU",
+                self.threads
+            ));
+        }
+        if self.blocking_threads == 0 {
+            return Err("blocking threads must be at least 1".into());
+        }
+        for (what, t) in [
+            ("request timeout (--request-timeout)", self.request_timeout),
+            ("header timeout (--header-timeout)", self.header_timeout),
+        ] {
+            if t.is_zero() || t > MAX_TIMEOUT {
+                return Err(format!("{what} is {t:?}: give more than 0 and at most {MAX_TIMEOUT:?}"));
+            }
+        }
+        if let Some(t) = self.idle_timeout.filter(|t| t.is_zero() || *t > MAX_IDLE) {
+            return Err(format!(
+                "idle timeout (--idle-timeout) is {t:?}: give between 1 second and {MAX_IDLE:?}, or none"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_and_each_limit_out_of_range_is_named() {
+        assert_eq!(ServeOptions::default().validate(), Ok(()));
+        type Spoil = fn(&mut ServeOptions);
+        let cases: [(Spoil, &str); 6] = [
+            (|o| o.max_connections = 0, "--max-connections"),
+            (|o| o.threads = 1 << 32, "--threads"),
+            (|o| o.max_object_bytes = 0, "--max-object-size"),
+            (|o| o.request_timeout = Duration::from_secs(u64::MAX), "--request-timeout"),
+            (|o| o.header_timeout = Duration::ZERO, "--header-timeout"),
+            (|o| o.idle_timeout = Some(Duration::from_secs(u64::MAX)), "--idle-timeout"),
+        ];
+        for (spoil, flag) in cases {
+            let mut o = ServeOptions::default();
+            spoil(&mut o);
+            let err = o.validate().unwrap_err();
+            assert!(err.contains(flag), "{flag}: {err}");
+        }
+    }
+}
