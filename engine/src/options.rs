@@ -2,6 +2,8 @@
 
 use kvhoard_format::{BlockDesc, CompressionMeta};
 
+use crate::error::{Result, StoreError};
+
 /// When a write is acknowledged. Each level includes the ones before it.
 ///
 /// | level | `put` returns after | survives a process crash | survives power loss |
@@ -153,11 +155,58 @@ impl Default for StoreOptions {
     }
 }
 
+impl StoreOptions {
+    /// Checks the options a caller could get wrong by orders of magnitude: memory budgets past
+    /// what the machine has (a DRAM tier of 16 EiB would grow until the process is killed),
+    /// and rates and intervals of zero.
+    pub fn validate(&self) -> Result<()> {
+        let memory = physical_memory_bytes();
+        let budgets = [("DRAM tier", self.dram_tier_bytes), ("buffer pool", self.buffer_pool_bytes as u64)];
+        for (what, bytes) in budgets {
+            if memory.is_some_and(|m| bytes > m) {
+                return Err(StoreError::invalid(
+                    "option",
+                    format!(
+                        "the {what} of {bytes} bytes is more than this machine's memory ({} bytes)",
+                        memory.unwrap_or(0)
+                    ),
+                ));
+            }
+        }
+        if self.checkpoint_every_segments == 0 {
+            return Err(StoreError::invalid("option", "a checkpoint every 0 segments: give at least 1"));
+        }
+        if self.clean_bytes_per_sec == 0 {
+            return Err(StoreError::invalid("option", "a cleaning rate of 0 bytes a second: give at least 1 MiB"));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of physical memory, if the system says.
+fn physical_memory_bytes() -> Option<u64> {
+    // SAFETY: sysconf takes an integer name, reads no memory of ours and only returns a value.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, page) = (u64::try_from(pages).ok()?, u64::try_from(page).ok()?);
+    pages.checked_mul(page)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::log::OpenSeg;
+
+    #[test]
+    fn options_past_the_machine_or_of_zero_are_refused() {
+        assert!(StoreOptions::default().validate().is_ok());
+        let huge = StoreOptions { dram_tier_bytes: u64::MAX, ..StoreOptions::default() };
+        assert!(huge.validate().unwrap_err().to_string().contains("more than this machine's memory"));
+        let never = StoreOptions { checkpoint_every_segments: 0, ..StoreOptions::default() };
+        assert!(never.validate().is_err());
+        let stuck = StoreOptions { clean_bytes_per_sec: 0, ..StoreOptions::default() };
+        assert!(stuck.validate().is_err());
+    }
 
     /// How many records of a `block`-byte block (its header in a unit of its own) one segment of
     /// `segment` bytes holds.

@@ -62,10 +62,10 @@ impl NsSettings {
     /// Checks each setting's range.
     pub fn validate(&self) -> Result<()> {
         if let Some(alpha) = self.alpha.filter(|a| !(a.is_finite() && (0.0..=1e6).contains(a))) {
-            return Err(StoreError::invalid("alpha", format!("{alpha} is not seconds between 0 and 10^6")));
+            return Err(StoreError::invalid("alpha", format!("{alpha:?} is not seconds between 0 and 10^6")));
         }
         if let Some(drift) = self.drift.filter(|d| !(d.is_finite() && (0.0..=1.0).contains(d))) {
-            return Err(StoreError::invalid("drift", format!("{drift} is not a fraction between 0 and 1")));
+            return Err(StoreError::invalid("drift", format!("{drift:?} is not a fraction between 0 and 1")));
         }
         if self.ttl.is_some_and(|t| t.budget_bytes == 0) {
             return Err(StoreError::invalid("ttl budget", "a group TTL budget must be above 0 bytes"));

@@ -48,6 +48,9 @@ pub enum MountError {
     /// Something is mounted there already.
     #[error("{0} is already a mount point; unmount it first or choose another directory")]
     Busy(PathBuf),
+    /// A serving thread count out of range.
+    #[error("{0} serving threads (--threads): give between 1 and {MAX_THREADS}")]
+    Threads(usize),
     /// The kernel refused the mount.
     #[error("mounting on {path} failed: {source}")]
     Io {
@@ -117,8 +120,15 @@ pub struct Mounted {
     mountpoint: PathBuf,
 }
 
+/// Most threads serving the mount (each reads and writes whole blocks; more than the cores
+/// gain nothing).
+pub const MAX_THREADS: usize = 1024;
+
 /// Mounts `store` on `mountpoint` and serves it from background threads.
 pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &MountOptions) -> Result<Mounted, MountError> {
+    if !(1..=MAX_THREADS).contains(&opts.threads) {
+        return Err(MountError::Threads(opts.threads));
+    }
     check_mountpoint(mountpoint)?;
     // SAFETY: getuid and getgid cannot fail and touch no memory.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -136,7 +146,7 @@ pub fn mount(store: Arc<Store>, mountpoint: &Path, opts: &MountOptions) -> Resul
     let mut config = Config::default();
     config.mount_options = mount_options;
     config.acl = if opts.allow_other { SessionACL::All } else { SessionACL::Owner };
-    config.n_threads = Some(opts.threads.max(1));
+    config.n_threads = Some(opts.threads);
     config.clone_fd = true;
     let mut session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|source| MountError::Io { path: mountpoint.to_path_buf(), source })?;

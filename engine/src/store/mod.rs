@@ -172,6 +172,7 @@ impl Store {
         opts: StoreOptions,
         lock: Option<File>,
     ) -> Result<Store> {
+        opts.validate()?;
         let recovered = recover(dev.as_ref(), &sb, &checkpoint_store)?;
         let dev_for_policies = Arc::clone(&dev);
         tracing::info!(
