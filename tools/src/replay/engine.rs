@@ -132,6 +132,12 @@ pub fn calibrate(dir: &Path, model: Profile, scale: u64, base: &StoreOptions) ->
     const PREFIX: usize = 12;
     const ROUNDS: usize = 5;
     let scratch = dir.join("replay-calibrate");
+    // Removed afterwards, whole: never a directory that was there before.
+    anyhow::ensure!(
+        !scratch.exists(),
+        "{} exists; calibrating needs it free (it is removed afterwards)",
+        scratch.display()
+    );
     let block = block_bytes(&model, scale);
     let record = block.div_ceil(4096) * 4096 + 4096;
     let capacity = record * BLOCKS * 2;
