@@ -95,7 +95,13 @@ fn init(
         None => SlotMap::balanced(nodes, epoch.unwrap_or(1))?,
         Some(old) => {
             let old = read_map(old)?;
-            let new = old.rebalanced(nodes, epoch.unwrap_or(old.epoch() + 1))?;
+            let next = match epoch {
+                Some(e) => e,
+                None => {
+                    old.epoch().checked_add(1).context("the old map's epoch is the largest there is; give --epoch")?
+                }
+            };
+            let new = old.rebalanced(nodes, next)?;
             eprintln!(
                 "kvhoard: {} of {SLOTS} slots change owner ({:.1}%); their keys become misses until written again",
                 old.moved_slots(&new),
@@ -109,6 +115,7 @@ fn init(
         print!("{text}");
         return Ok(ExitCode::SUCCESS);
     }
+    crate::output::refuse_volume_file(out)?;
     if out.exists() && !force {
         bail!("{} exists; pass --force to replace it", out.display());
     }
