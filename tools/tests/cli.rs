@@ -131,9 +131,12 @@ fn no_output_overwrites_a_volume_and_an_endless_input_is_refused_at_once() {
     std::os::unix::fs::symlink(&data, &link).unwrap();
     let targets = [data.clone(), dir.path().join("vol/checkpoint"), dir.path().join("vol/new"), link];
     for target in &targets {
-        for args in
-            [vec!["get", vol, "k", "-o", p(target)], vec!["trace", "generate", "--requests", "2", "-o", p(target)]]
-        {
+        let cluster_map = vec!["cluster", "init", "--nodes", "127.0.0.1:7000", "--force", "--out", p(target)];
+        for args in [
+            vec!["get", vol, "k", "-o", p(target)],
+            vec!["trace", "generate", "--requests", "2", "-o", p(target)],
+            cluster_map,
+        ] {
             let out = kvhoard(&args);
             assert_eq!(out.status.code(), Some(1), "{args:?}");
             let err = String::from_utf8_lossy(&out.stderr);
