@@ -309,12 +309,13 @@ pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
                 (Some(store), _) => {
                     store
                         .set_policy(&namespace, policy.clone())
-                        .with_context(|| format!("cannot set the policy of {namespace:?}"))?;
+                        .with_context(|| format!("cannot set the policy of {}", super::shown(&namespace)))?;
                     store.close()?;
                 }
                 (None, Target::Server(addr)) => {
-                    super::metrics_client::put_json(addr, "/ns", &to_json(&namespace, &policy))
-                        .with_context(|| format!("cannot set the policy of {namespace:?} on the server at {addr}"))?;
+                    super::metrics_client::put_json(addr, "/ns", &to_json(&namespace, &policy)).with_context(|| {
+                        format!("cannot set the policy of {} on the server at {addr}", super::shown(&namespace))
+                    })?;
                 }
                 (None, Target::Volume(_)) => {}
             }
