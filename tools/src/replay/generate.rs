@@ -185,6 +185,17 @@ const RATE_MAX: f64 = 1e6;
 
 /// `kvhoard trace generate`.
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
+    check(args)?;
+    let text = render(args);
+    match &args.output {
+        Some(path) => crate::output::write_file(path, text.as_bytes())?,
+        None => std::io::stdout().lock().write_all(text.as_bytes()).context("cannot write the trace")?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every flag in range, naming the one that is not.
+fn check(args: &GenerateArgs) -> anyhow::Result<()> {
     if !(1..=REQUESTS_MAX).contains(&args.requests) {
         bail!("--requests is {}: give between 1 and {REQUESTS_MAX} (the trace is built in memory)", args.requests);
     }
@@ -195,14 +206,9 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<ExitCode> {
         bail!("--documents is {documents}: give between 1 and {REQUESTS_MAX}");
     }
     if !(args.zipf.is_finite() && args.zipf >= 0.0) {
-        bail!("--zipf must be 0 or more");
+        bail!("--zipf is {:?}: give 0 or more", args.zipf);
     }
-    let text = render(args);
-    match &args.output {
-        Some(path) => crate::output::write_file(path, text.as_bytes())?,
-        None => std::io::stdout().lock().write_all(text.as_bytes()).context("cannot write the trace")?,
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// What a trace's reuse looks like.
@@ -275,6 +281,23 @@ mod tests {
 
     fn args(shape: Shape, seed: u64) -> GenerateArgs {
         GenerateArgs { shape, requests: 2000, rate: 2.0, documents: None, zipf: 0.9, seed, output: None }
+    }
+
+    #[test]
+    fn flags_out_of_range_are_named() {
+        assert!(check(&args(Shape::Documents, 1)).is_ok());
+        let cases = [
+            (GenerateArgs { requests: usize::MAX, ..args(Shape::Documents, 1) }, "--requests"),
+            (GenerateArgs { requests: 0, ..args(Shape::Documents, 1) }, "--requests"),
+            (GenerateArgs { documents: Some(usize::MAX), ..args(Shape::Documents, 1) }, "--documents"),
+            (GenerateArgs { rate: 1e-308, ..args(Shape::Sessions, 1) }, "--rate is 1e-308"),
+            (GenerateArgs { rate: f64::NAN, ..args(Shape::Sessions, 1) }, "--rate"),
+            (GenerateArgs { zipf: f64::INFINITY, ..args(Shape::Documents, 1) }, "--zipf"),
+        ];
+        for (a, flag) in cases {
+            let err = check(&a).unwrap_err().to_string();
+            assert!(err.contains(flag), "{flag}: {err}");
+        }
     }
 
     fn trace_of(a: &GenerateArgs) -> Trace {
