@@ -188,6 +188,21 @@ fn malformed_traces_are_refused_with_their_line() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // So are a capacity plan's: a grid that would run for days, prices that are not numbers.
+    for (flags, want) in [
+        (&["--dram-steps", "100000"][..], "--dram-steps is 100000: give between 1 and 64"),
+        (&["--ssd-steps", "18446744073709551615"][..], "--ssd-steps is 18446744073709551615"),
+        (&["--dram-cost", "NaN"][..], "--dram-cost is NaN"),
+        (&["--ssd-cost", "inf"][..], "--ssd-cost is inf"),
+        (&["--ssd-max-fraction", "1e300"][..], "--ssd-max-fraction is 1e300"),
+    ] {
+        let mut args = vec!["plan", "capacity", "--trace", p(&trace)];
+        args.extend(flags);
+        let out = kvhoard(&args);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{flags:?}: {err}");
+    }
 }
 
 #[test]
