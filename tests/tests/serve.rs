@@ -252,28 +252,47 @@ fn lm_bad_input_costs_only_that_request_or_connection() {
     drop(idle);
 }
 
+/// Lets the server's tasks reach the state the client's last step put them in (a connection
+/// accepted and waiting, a reply sent and the next request awaited, a partial request read):
+/// they run on other threads, with nothing the client could wait on.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(300));
+}
+
 #[test]
-fn connections_over_the_limit_are_refused_and_others_served() {
+fn a_full_server_makes_room_by_closing_the_longest_idle_connection_and_refuses_when_all_are_busy() {
     let server = Server::start(ServeOptions { max_connections: 4, ..options() });
-    let mut held: Vec<TcpStream> = (0..4).map(|_| server.lm()).collect();
-    for c in &mut held {
+    // The four slots: a client that connected and never sent a byte, and three that were served
+    // a request and wait for their next.
+    let mut silent = server.resp();
+    settle();
+    let mut used: Vec<TcpStream> = (0..3).map(|_| server.lm()).collect();
+    for c in &mut used {
         assert!(!lm_exists(c, "k"));
     }
-    let mut extra = server.lm();
-    assert!(closed(&mut extra));
-    drop(held.pop());
-    // The freed slot is usable (the server sees the close asynchronously: retry briefly).
-    let ok = (0..100).any(|_| {
-        let mut c = server.lm();
-        lm_send(&mut c, Command::Health, 0, &NO_CHUNK, "");
-        let mut r = [0u8; REPLY_BYTES];
-        let got = c.read_exact(&mut r).is_ok();
-        if !got {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        got
-    });
-    assert!(ok);
+    settle();
+    // A newcomer is served: the connection that never sent anything made room.
+    let mut newcomer = server.resp();
+    resp_exchange(&mut newcomer, &cmd(&[b"PING"]), b"+PONG\r\n");
+    assert!(closed(&mut silent));
+    settle();
+    // The next one takes the slot of the connection idle the longest; the others go on.
+    let mut second = server.lm();
+    assert!(!lm_exists(&mut second, "k"));
+    assert!(closed(&mut used[0]));
+    assert!(!lm_exists(&mut used[1], "k"));
+    settle();
+    // Every slot in the middle of a request: a newcomer is refused, and a RESP one told why.
+    newcomer.write_all(b"*2\r\n").unwrap();
+    second.write_all(&[0u8; 4]).unwrap();
+    for c in used.iter_mut().skip(1) {
+        c.write_all(&[0u8; 4]).unwrap();
+    }
+    settle();
+    let mut refused = server.resp();
+    let mut told = Vec::new();
+    let _ = refused.read_to_end(&mut told);
+    assert_eq!(String::from_utf8_lossy(&told), "-ERR max number of clients reached\r\n");
 }
 
 #[test]

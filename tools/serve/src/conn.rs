@@ -29,16 +29,26 @@ pub(crate) type Conn = BufReader<TcpStream>;
 /// sends. Smaller rests go through the event loop: handing a thread over costs more than they do.
 const BLOCKING_SEND_MIN: usize = 1 << 20;
 
-/// Waits until the client has sent the first byte of its next request. `Err(End::Done)` when
-/// it closed the connection, went idle too long, or the server is shutting down.
-pub(crate) async fn next_request<S: AsyncRead + Unpin>(conn: &mut BufReader<S>, shared: &Shared) -> Result<(), End> {
+/// Waits until the client has sent the first byte of its next request (`served`: it sent one
+/// before). `Err(End::Done)` when it closed the connection, went idle too long, or the
+/// server is shutting down; `Err(End::Lost)` when the server needed its slot for a new client
+/// ([`crate::idle`]).
+pub(crate) async fn next_request<S: AsyncRead + Unpin>(
+    conn: &mut BufReader<S>,
+    shared: &Shared,
+    served: bool,
+) -> Result<(), End> {
     let mut shutdown = shared.shutdown.clone();
     if *shutdown.borrow() {
         return Err(End::Done);
     }
     let idle = shared.opts.idle_timeout.unwrap_or(Duration::MAX);
+    let waiting = shared.idle.wait(served);
     tokio::select! {
         _ = shutdown.changed() => Err(End::Done),
+        () = waiting.close.notified() => Err(End::Lost(
+            "closed while idle to make room for a new connection (--max-connections)".into(),
+        )),
         r = tokio::time::timeout(idle, conn.fill_buf()) => match r {
             Err(_) => Err(End::Lost(format!("idle for more than {idle:?} (--idle-timeout)"))),
             Ok(Err(e)) => Err(End::Lost(e.to_string())),

@@ -24,6 +24,7 @@ pub mod budget;
 pub mod cluster;
 mod conn;
 mod end;
+mod idle;
 mod listen;
 pub mod lm;
 pub mod metrics;
@@ -148,6 +149,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
         shutdown,
         blocking_sends: Semaphore::new((opts.blocking_threads / 2).max(1)),
         plan_views: Semaphore::new(1),
+        idle: idle::Idle::default(),
         cluster: Arc::clone(&cluster),
         started: std::time::Instant::now(),
         opts,

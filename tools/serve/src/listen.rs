@@ -30,12 +30,44 @@ pub(crate) async fn accept_loop(listener: TcpListener, proto: Proto, shared: Arc
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-            shared.metrics.refused(proto);
-            tracing::warn!(%peer, "refusing a {proto:?} connection: {} connections open (--max-connections)", shared.opts.max_connections);
-            continue;
-        };
-        tokio::spawn(run(stream, peer, proto, Arc::clone(&shared), permit));
+        match Arc::clone(&connections).try_acquire_owned() {
+            Ok(permit) => drop(tokio::spawn(run(stream, peer, proto, Arc::clone(&shared), permit))),
+            // Full: the connection idle the longest makes room, off this loop (it may first
+            // finish storing what it was sent).
+            Err(_) if shared.idle.close_longest() => {
+                drop(tokio::spawn(make_room(stream, peer, proto, Arc::clone(&shared), Arc::clone(&connections))))
+            }
+            Err(_) => refuse(&stream, peer, proto, &shared),
+        }
+    }
+}
+
+/// Serves a connection accepted while the server was full, once the idle connection told to
+/// close has freed its slot; refuses it if that takes longer than [`ROOM_WAIT`].
+async fn make_room(
+    stream: TcpStream,
+    peer: SocketAddr,
+    proto: Proto,
+    shared: Arc<Shared>,
+    connections: Arc<Semaphore>,
+) {
+    match tokio::time::timeout(ROOM_WAIT, connections.acquire_owned()).await {
+        Ok(Ok(permit)) => run(stream, peer, proto, shared, permit).await,
+        _ => refuse(&stream, peer, proto, &shared),
+    }
+}
+
+/// How long a connection accepted while the server is full waits for the slot of the idle one
+/// closed for it.
+const ROOM_WAIT: Duration = Duration::from_secs(2);
+
+/// Closes a connection the server has no room for; a RESP client is told why, as Redis does.
+fn refuse(stream: &TcpStream, peer: SocketAddr, proto: Proto, shared: &Shared) {
+    shared.metrics.refused(proto);
+    tracing::warn!(%peer, "refusing a {proto:?} connection: {} connections open, all busy (--max-connections)", shared.opts.max_connections);
+    if proto == Proto::Resp {
+        // Best effort, never waiting: the socket's buffer is empty, so it takes these bytes.
+        let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
     }
 }
 

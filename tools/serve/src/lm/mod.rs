@@ -32,10 +32,13 @@ pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
 }
 
 async fn serve_requests(conn: &mut Conn, shared: &Arc<Shared>, pending: &mut Pending) -> End {
+    // Whether the client sent a request before: one that never did is closed first for room.
+    let mut served = false;
     loop {
-        if let Err(end) = conn::next_request(conn, shared).await {
+        if let Err(end) = conn::next_request(conn, shared, served).await {
             return end;
         }
+        served = true;
         let mut pace = shared.pace();
         let mut header = [0u8; REQUEST_BYTES];
         if let Err(end) = conn::read_full(conn, &mut header, &mut pace).await {

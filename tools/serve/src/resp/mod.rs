@@ -75,10 +75,13 @@ pub(crate) async fn serve(mut conn: Conn, shared: &Arc<Shared>) -> End {
         authenticated: shared.opts.resp_password.is_none(),
         id: shared.metrics.connections_total(Proto::Resp),
     };
+    // Whether the client sent a request before: one that never did is closed first for room.
+    let mut served = false;
     loop {
-        if let Err(end) = conn::next_request(&mut conn, shared).await {
+        if let Err(end) = conn::next_request(&mut conn, shared, served).await {
             return end;
         }
+        served = true;
         let limits = Limits { max_object: shared.opts.max_object_bytes, memory: shared.memory() };
         let started = Instant::now();
         let args = match frame::read(&mut conn, &limits, &mut shared.pace()).await {
