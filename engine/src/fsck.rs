@@ -172,8 +172,9 @@ fn extend_truncated(paths: &VolumePaths) -> Result<Option<String>> {
     )))
 }
 
-/// Opens the volume with the engine (which replays and writes a fresh checkpoint) and deletes,
-/// durably, every key whose block is damaged and has no intact copy.
+/// Opens the volume with the engine (which replays what the checkpoint lacks and writes a fresh
+/// one if anything changed) and deletes, durably, every key whose block is damaged and has no
+/// intact copy.
 fn repair_keys(path: &Path, report: &Report, deep: bool, opts: StoreOptions) -> Result<Vec<String>> {
     let store = Store::open(path, opts)?;
     let mut done = Vec::new();
@@ -185,7 +186,12 @@ fn repair_keys(path: &Path, report: &Report, deep: bool, opts: StoreOptions) -> 
             done.push(format!("deleted key {key:?} in namespace {ns:?}: its block is damaged"));
         }
     }
+    let before = store.stats().checkpoints;
     store.close()?;
-    done.push("wrote a fresh checkpoint".into());
+    // A close writes one only when the volume changed since the checkpoint it opened from.
+    done.push(match store.stats().checkpoints > before {
+        true => "wrote a fresh checkpoint".into(),
+        false => "the checkpoint on disk is current; none written".into(),
+    });
     Ok(done)
 }

@@ -174,6 +174,7 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     // A damaged segment of unknown use may have held the newest version or the deletion of any
     // key: each becomes a use after every other, holding only a `Lost` entry, which voids every
     // key written before it.
+    let voided_segments = unknown.len();
     for index in unknown {
         let seq = next_seq;
         next_seq += 1;
@@ -220,19 +221,20 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
     index.replaying(false);
     report.keys_voided = void_freed_ahead(&mut index, freed_ahead, report.checkpoint_seq, &seq_of);
     // The newest unsealed segment is appended to again if nothing of its use lies past its
-    // valid end and its use began in this boot of the machine (its header's boot is what tells
-    // the next recovery a crash of the process from a power loss: see `resumable`); every other
-    // one is sealed after its last valid record (after the last evidence of damage, when there
-    // is some), so that nothing is ever appended in front of stale records of the same use.
+    // valid end and nothing keeps it from being (`kept_from_appends`); every other one is sealed
+    // after its last valid record (after the last evidence of damage, when there is some), so
+    // that nothing is ever appended in front of stale records of the same use.
     let newest = unsealed.iter().map(|(_, seq, _)| *seq).max();
     let mut open = None;
     for (i, seq, settled) in unsealed {
         report.records_discarded += settled.discarded;
+        let boot = boots.get(i as usize).copied().unwrap_or(0);
+        let continuable = Some(seq) == newest && settled.clean_end;
+        let kept_from = kept_from_appends(boot == dev.boot() && boot != 0, settled.discarded, voided_segments);
         // Every recovered record was reserved with room for its summary entry (an entry written
         // in place of a damaged record is never longer), so the summary still fits whatever is
         // appended next.
-        let this_boot = boots.get(i as usize).copied().unwrap_or(0) == dev.boot();
-        if Some(seq) == newest && settled.clean_end && this_boot {
+        if continuable && kept_from.is_none() {
             let mut seg = OpenSeg::new(i, seq);
             seg.tail = settled.chain_end;
             for e in &settled.entries {
@@ -245,10 +247,9 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
             open = Some(seg);
             continue;
         }
-        let why = if Some(seq) == newest && settled.clean_end {
-            "begun before the machine restarted: sealed at its records' end, new writes go to a new segment".into()
-        } else {
-            settled.stop.clone().unwrap_or_else(|| "segment full".into())
+        let why = match kept_from.filter(|_| continuable) {
+            Some(reason) => format!("{reason}: sealed at its records' end, new writes go to a new segment"),
+            None => settled.stop.clone().unwrap_or_else(|| "segment full".into()),
         };
         tracing::warn!(segment = i, end_unit = settled.chain_end, reason = %why, "segment was not sealed; sealing it after its last valid record");
         seal_recovered(dev, sb, i, seq, settled.seal_unit, &settled.entries)?;
@@ -279,6 +280,29 @@ pub(crate) fn recover(dev: &dyn BlockDevice, sb: &Superblock, checkpoints: &Chec
         freed_ahead,
         report,
     })
+}
+
+/// Why the newest unsealed segment may not be appended to again, though its records end
+/// cleanly; `None` when it may.
+///
+/// - Its use began in another boot of the machine (`this_boot` false): its header's boot is what
+///   tells the next recovery a crash of the process from a power loss (see [`resumable`]).
+/// - Recovery wrote entries in place of records it could not trust (`discarded`): they exist
+///   only in the summary, which the segment gets when it is sealed. Appended to, a power loss
+///   before that seal leaves a later recovery the records alone, which, not trusting the writer
+///   then, takes the damaged one for a torn tail and drops every synced record after it.
+/// - Recovery voided segments of unknown use (`voided`): their `Lost` entries void every key
+///   written in a use below theirs, and appends here would be such writes.
+fn kept_from_appends(this_boot: bool, discarded: u64, voided: usize) -> Option<&'static str> {
+    if !this_boot {
+        Some("begun before the machine restarted")
+    } else if discarded > 0 {
+        Some("it holds entries written in place of damaged records, which only its summary keeps")
+    } else if voided > 0 {
+        Some("segments of unknown use were voided after it")
+    } else {
+        None
+    }
 }
 
 /// Voids every key of the volume, for one whose lost parts could have held anything (a volume
@@ -340,11 +364,15 @@ fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo], boots
         .filter(|(_, s)| matches!(s.state, SegState::Sealed { .. }))
         .max_by_key(|(_, s)| s.seq);
     let Some((i, info)) = newest else { return Ok(None) };
-    if boots.get(i).copied().unwrap_or(0) != dev.boot() {
+    let boot = boots.get(i).copied().unwrap_or(0);
+    if boot == 0 || boot != dev.boot() {
         return Ok(None);
     }
     let i = i as u32;
     let Ok((entries, end_unit)) = crate::log::scan::read_summary(dev, sb, i, info.seq)? else { return Ok(None) };
+    if !only_records(dev, sb, i, info.seq, &entries)? {
+        return Ok(None);
+    }
     let mut seg = OpenSeg::new(i, info.seq);
     seg.tail = end_unit;
     for e in &entries {
@@ -360,6 +388,29 @@ fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo], boots
     // with intact records of its use beyond it), or a later scan could run into one.
     let after_summary = u32::try_from(summary_end).unwrap_or(u32::MAX);
     Ok(nothing_after(dev, sb, i, info.seq, after_summary)?.then_some(seg))
+}
+
+/// Whether every entry of a sealed segment's summary stands for an intact record of it. Not so
+/// for the entries recovery wrote in place of records it could not trust (a tombstone where a
+/// damaged block was, a `Lost` marker), marked `recovered` until fsck acknowledges them: they
+/// exist only in the summary, which resuming erases, and a later recovery that does not trust
+/// the writer would take the damaged record for a torn tail and drop the records after it.
+/// Tombstones are checked against the record at their unit (they are rare, and a real one takes
+/// one unit to read).
+fn only_records(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64, entries: &[SummaryEntry]) -> Result<bool> {
+    if entries.iter().any(|e| e.header.recovered || e.header.kind == RecordKind::Lost) {
+        return Ok(false);
+    }
+    let base = sb.segment_offset(i);
+    let units = sb.segment_units();
+    for e in entries.iter().filter(|e| e.header.kind == RecordKind::Tombstone) {
+        let left = units.saturating_sub(e.unit);
+        match crate::log::scan::read_record_at(dev, base, e.unit, left, Some(seq))? {
+            Ok((header, ..)) if header.kind == RecordKind::Tombstone && header.key == e.header.key => {}
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
 }
 
 /// Whether nothing of use `seq` (no record, not even a damaged header) lies from `end_unit` to

@@ -767,6 +767,54 @@ fn a_segment_is_appended_to_only_in_the_boot_its_use_began_in() {
 }
 
 #[test]
+fn a_segment_whose_summary_alone_covers_a_damaged_record_is_never_appended_to() {
+    // A `kill -9`, and a damaged record in the middle of the open segment: recovery trusts the
+    // writer (same boot), makes the key a miss and writes a tombstone in the record's place,
+    // which only the segment's summary keeps. Were the segment appended to (continued at once,
+    // or resumed after a clean close, also once fsck acknowledged the tombstone), a power loss
+    // before its next seal would leave a recovery that trusts no writer the records alone: it
+    // would take the damaged record for a torn tail and drop every synced record after it.
+    for then in ["continue", "close", "acknowledge"] {
+        let (dev, s) = mem_store(8);
+        s.put("default", "before", &block(1, 50_000), &synced()).unwrap();
+        s.put("default", "mid", &block(2, 50_000), &synced()).unwrap();
+        s.put("default", "tail", &block(3, 50_000), &synced()).unwrap();
+        let meta = s.get("default", "mid", ReadOptions::default()).unwrap().unwrap().meta;
+        let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit);
+        std::mem::forget(s);
+        let crashed = Arc::new(dev.crash(CrashMode::KeepAll));
+        let image = crashed.image();
+        let header = kvhoard_format::record::RecordHeader::decode(&image[start as usize..]).unwrap();
+        let unit = start + header.payload_offset();
+        let mut bytes = image[unit as usize..(unit + kvhoard_format::UNIT_BYTES) as usize].to_vec();
+        bytes[10] ^= 1;
+        crashed.write_at(&bytes, unit).unwrap();
+        let mut s2 = Store::open_on(crashed.clone(), StoreOptions::default()).unwrap();
+        assert_eq!(get(&s2, "mid"), None);
+        if then != "continue" {
+            s2.close().unwrap();
+            drop(s2);
+            if then == "acknowledge" {
+                let options = crate::check::ScanOptions { deep: false, summaries_only: true };
+                let scan = crate::check::scan_volume(crashed.as_ref(), options, &|_, _| {}).unwrap();
+                let done = crate::check::repair::acknowledge_recovered(crashed.as_ref(), &scan).unwrap();
+                assert_eq!(done.len(), 1, "{done:?}");
+            }
+            s2 = Store::open_on(crashed.clone(), StoreOptions::default()).unwrap();
+        }
+        let free = s2.stats().segments_free;
+        s2.put("default", "later", &block(4, 50_000), &synced()).unwrap();
+        assert_eq!(s2.stats().segments_free, free - 1, "{then}: the segment with the damaged record was appended to");
+        std::mem::forget(s2);
+        let s3 = Store::open_on(Arc::new(crashed.crash(CrashMode::DropAll)), StoreOptions::default()).unwrap();
+        for (key, seed) in [("before", 1), ("tail", 3), ("later", 4)] {
+            assert!(get(&s3, key) == Some(block(seed, 50_000)), "{then}: {key} was lost");
+        }
+        assert_eq!(get(&s3, "mid"), None);
+    }
+}
+
+#[test]
 fn a_close_that_changed_nothing_writes_nothing() {
     let (dev, s) = mem_store(8);
     for i in 0..5u64 {
