@@ -439,6 +439,9 @@ fn resp_replies_are_exactly_what_a_strict_client_expects() {
     resp_exchange(&mut c, &cmd(&[b"DEL", key, b"nope"]), b":1\r\n");
     resp_exchange(&mut c, &cmd(&[b"GET", key]), b"$-1\r\n");
     resp_exchange(&mut c, &cmd(&[b"PING"]), b"+PONG\r\n");
+    // Inline commands, as typed into telnet, SET included.
+    resp_exchange(&mut c, b"SET inline 12345\r\n", b"+OK\r\n");
+    resp_exchange(&mut c, b"GET inline\r\n", b"$5\r\n12345\r\n");
     resp_exchange(&mut c, &cmd(&[b"CLIENT", b"SETINFO", b"LIB-NAME", b"redis-py"]), b"+OK\r\n");
     resp_exchange(&mut c, &cmd(&[b"FLUSHALL"]), b"-ERR unknown command 'flushall'\r\n");
     resp_exchange(&mut c, &cmd(&[b"GET"]), b"-ERR wrong number of arguments for 'get' command\r\n");

@@ -124,13 +124,23 @@ pub(crate) async fn read<R: AsyncBufRead + Unpin>(
 ) -> Result<Read, End> {
     let first = line(r, pace).await?;
     let Some((&b'*', count)) = first.split_first() else {
-        let args: Vec<Arg> = first
+        let mut args: Vec<Arg> = first
             .split(|b| b.is_ascii_whitespace())
             .filter(|a| !a.is_empty())
             .map(|a| Arg::Small(a.to_vec()))
             .collect();
         if args.len() > MAX_ARGS {
             return Err(End::Protocol(format!("more than {MAX_ARGS} arguments")));
+        }
+        // An inline SET (`SET key value`, as typed into telnet) stores its value like any other:
+        // in a payload buffer, from the memory budget.
+        let is_set = args.first().is_some_and(|a| a.bytes().eq_ignore_ascii_case(b"SET"));
+        if let (true, Some(Arg::Small(value))) = (is_set, args.get(2)) {
+            let mut bytes: &[u8] = value;
+            let (buf, room) = payload::read(&mut bytes, value.len(), pace, &limits.memory).await?;
+            if let Some(arg) = args.get_mut(2) {
+                *arg = Arg::Payload(buf, room);
+            }
         }
         return Ok(if args.is_empty() { Read::Nothing } else { Read::Command(args) });
     };
