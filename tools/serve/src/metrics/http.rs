@@ -63,11 +63,14 @@ fn parse_head(head: &[u8], len: usize) -> Result<Head, String> {
     let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
         return Err("the request line is not METHOD PATH VERSION".into());
     };
-    let lengths: Vec<&str> = lines
-        .filter_map(|l| l.split_once(':'))
-        .filter(|(name, _)| name.eq_ignore_ascii_case("content-length"))
-        .map(|(_, v)| v.trim())
-        .collect();
+    let headers: Vec<(&str, &str)> = lines.filter_map(|l| l.split_once(':')).collect();
+    // Bodies are sent whole with their length; a chunked one would be read as no body, or,
+    // beside a Content-Length, as one of another length than the client meant.
+    if headers.iter().any(|(name, _)| name.trim().eq_ignore_ascii_case("transfer-encoding")) {
+        return Err("Transfer-Encoding is not supported: send the body with a Content-Length".into());
+    }
+    let lengths: Vec<&str> =
+        headers.iter().filter(|(name, _)| name.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.trim()).collect();
     let body = match lengths.as_slice() {
         [] => 0,
         [one] if !one.is_empty() && one.bytes().all(|b| b.is_ascii_digit()) => {
@@ -238,6 +241,8 @@ mod tests {
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: -1\r\n\r\n"));
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: \r\n\r\n"), "an empty length is not a number");
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: +5\r\n\r\n"));
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"));
+        assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: 3\r\ntransfer-encoding: chunked\r\n\r\n"));
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"));
         assert!(bad(b"PUT /ns HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n"));
         assert!(bad(b"GARBAGE\r\n\r\n"));
