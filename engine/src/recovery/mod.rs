@@ -404,7 +404,8 @@ fn only_records(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64, entrie
     let base = sb.segment_offset(i);
     let units = sb.segment_units();
     for e in entries.iter().filter(|e| e.header.kind == RecordKind::Tombstone) {
-        let left = units.saturating_sub(e.unit);
+        // Records end before the segment's last unit (its trailer), as every scan bounds them.
+        let left = units.saturating_sub(1).saturating_sub(e.unit);
         match crate::log::scan::read_record_at(dev, base, e.unit, left, Some(seq))? {
             Ok((header, ..)) if header.kind == RecordKind::Tombstone && header.key == e.header.key => {}
             _ => return Ok(false),
