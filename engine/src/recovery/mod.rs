@@ -370,9 +370,6 @@ fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo], boots
     }
     let i = i as u32;
     let Ok((entries, end_unit)) = crate::log::scan::read_summary(dev, sb, i, info.seq)? else { return Ok(None) };
-    if !only_records(dev, sb, i, info.seq, &entries)? {
-        return Ok(None);
-    }
     let mut seg = OpenSeg::new(i, info.seq);
     seg.tail = end_unit;
     for e in &entries {
@@ -381,6 +378,10 @@ fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo], boots
     }
     let summary_end = u64::from(end_unit) + crate::log::units_for(seg.summary.len());
     if summary_end + 1 + u64::from(sb.segment_units()) / 8 > u64::from(sb.segment_units()) {
+        return Ok(None);
+    }
+    // After the room check, which costs nothing: this one reads the tombstones' records.
+    if !only_records(dev, sb, i, info.seq, &entries) {
         return Ok(None);
     }
     // Resuming erases the summary and appends after the last record; that is only safe if no
@@ -397,21 +398,26 @@ fn resumable(dev: &dyn BlockDevice, sb: &Superblock, segments: &[SegInfo], boots
 /// the writer would take the damaged record for a torn tail and drop the records after it.
 /// Tombstones are checked against the record at their unit (they are rare, and a real one takes
 /// one unit to read).
-fn only_records(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64, entries: &[SummaryEntry]) -> Result<bool> {
+fn only_records(dev: &dyn BlockDevice, sb: &Superblock, i: u32, seq: u64, entries: &[SummaryEntry]) -> bool {
     if entries.iter().any(|e| e.header.recovered || e.header.kind == RecordKind::Lost) {
-        return Ok(false);
+        return false;
     }
     let base = sb.segment_offset(i);
     let units = sb.segment_units();
     for e in entries.iter().filter(|e| e.header.kind == RecordKind::Tombstone) {
         // Records end before the segment's last unit (its trailer), as every scan bounds them.
         let left = units.saturating_sub(1).saturating_sub(e.unit);
-        match crate::log::scan::read_record_at(dev, base, e.unit, left, Some(seq))? {
-            Ok((header, ..)) if header.kind == RecordKind::Tombstone && header.key == e.header.key => {}
-            _ => return Ok(false),
+        // A unit that cannot be read is no proof either: the segment is not resumed, and the
+        // open goes on (the error is the next reader's to meet).
+        match crate::log::scan::read_record_at(dev, base, e.unit, left, Some(seq)) {
+            Ok(Ok((header, ..)))
+                if header.kind == RecordKind::Tombstone
+                    && header.key == e.header.key
+                    && header.namespace == e.header.namespace => {}
+            _ => return false,
         }
     }
-    Ok(true)
+    true
 }
 
 /// Whether nothing of use `seq` (no record, not even a damaged header) lies from `end_unit` to
