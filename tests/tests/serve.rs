@@ -252,11 +252,18 @@ fn lm_bad_input_costs_only_that_request_or_connection() {
     drop(idle);
 }
 
-/// Lets the server's tasks reach the state the client's last step put them in (a connection
-/// accepted and waiting, a reply sent and the next request awaited, a partial request read):
-/// they run on other threads, with nothing the client could wait on.
-fn settle() {
-    std::thread::sleep(Duration::from_millis(300));
+/// Waits until `idle` connections wait for their next request: the server's tasks, on other
+/// threads, have reached the state the client's last step put them in.
+fn wait_idle(server: &Server, idle: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while server.running().idle_connections() != idle {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} idle connections, not {idle}",
+            server.running().idle_connections()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -265,30 +272,30 @@ fn a_full_server_makes_room_by_closing_the_longest_idle_connection_and_refuses_w
     // The four slots: a client that connected and never sent a byte, and three that were served
     // a request and wait for their next.
     let mut silent = server.resp();
-    settle();
+    wait_idle(&server, 1);
     let mut used: Vec<TcpStream> = (0..3).map(|_| server.lm()).collect();
     for c in &mut used {
         assert!(!lm_exists(c, "k"));
     }
-    settle();
+    wait_idle(&server, 4);
     // A newcomer is served: the connection that never sent anything made room.
     let mut newcomer = server.resp();
     resp_exchange(&mut newcomer, &cmd(&[b"PING"]), b"+PONG\r\n");
     assert!(closed(&mut silent));
-    settle();
+    wait_idle(&server, 4);
     // The next one takes the slot of the connection idle the longest; the others go on.
     let mut second = server.lm();
     assert!(!lm_exists(&mut second, "k"));
     assert!(closed(&mut used[0]));
     assert!(!lm_exists(&mut used[1], "k"));
-    settle();
+    wait_idle(&server, 4);
     // Every slot in the middle of a request: a newcomer is refused, and a RESP one told why.
     newcomer.write_all(b"*2\r\n").unwrap();
     second.write_all(&[0u8; 4]).unwrap();
     for c in used.iter_mut().skip(1) {
         c.write_all(&[0u8; 4]).unwrap();
     }
-    settle();
+    wait_idle(&server, 0);
     let mut refused = server.resp();
     let mut told = Vec::new();
     let _ = refused.read_to_end(&mut told);

@@ -46,6 +46,11 @@ impl Idle {
         Waiting { idle: self, slot, close }
     }
 
+    /// How many connections wait.
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.len()
+    }
+
     /// Tells the connection idle the longest to close; false when none is idle.
     pub(crate) fn close_longest(&self) -> bool {
         let first = self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiting.pop_first();

@@ -98,6 +98,7 @@ pub struct Running {
     addrs: Addresses,
     metrics: Arc<Metrics>,
     cluster: Arc<Live>,
+    idle: Arc<idle::Idle>,
 }
 
 /// How a shutdown went.
@@ -141,6 +142,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
     let cluster = Arc::new(Live::new(opts.cluster.clone()));
     // Recycle up to a quarter of the budget in idle buffers; the rest is returned to the system.
     let pool_bytes = usize::try_from(opts.inflight_bytes / 4).unwrap_or(usize::MAX);
+    let idle = Arc::new(idle::Idle::default());
     let shared = Arc::new(Shared {
         store,
         budget: Budget::new(opts.inflight_bytes),
@@ -149,7 +151,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
         shutdown,
         blocking_sends: Semaphore::new((opts.blocking_threads / 2).max(1)),
         plan_views: Semaphore::new(1),
-        idle: idle::Idle::default(),
+        idle: Arc::clone(&idle),
         cluster: Arc::clone(&cluster),
         started: std::time::Instant::now(),
         opts,
@@ -170,7 +172,7 @@ pub fn start(store: Arc<Store>, opts: ServeOptions) -> Result<Running, ServeErro
         accept.push(runtime.spawn(metrics::http::serve(listener, Arc::clone(&shared))));
     }
     runtime.spawn(trim_idle_buffers(Arc::clone(&shared)));
-    Ok(Running { runtime: Some(runtime), stop, accept, connections, max_connections, addrs, metrics, cluster })
+    Ok(Running { runtime: Some(runtime), stop, accept, connections, max_connections, addrs, metrics, cluster, idle })
 }
 
 /// Buffers unused this long are freed: the pools keep buffers to save page faults while traffic
@@ -230,6 +232,11 @@ impl Running {
     /// The server's own counters (the store has its own statistics).
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Connections waiting for their next request (the ones a full server may close for room).
+    pub fn idle_connections(&self) -> usize {
+        self.idle.len()
     }
 
     /// Replaces the slot map the RESP listener serves (`None`: standalone). Requests already

@@ -30,7 +30,7 @@ pub(crate) struct Shared {
     /// `GET /plan` answers one at a time (it walks the planner's contexts).
     pub plan_views: Semaphore,
     /// Connections waiting for their next request: a full server closes the one idle longest.
-    pub idle: crate::idle::Idle,
+    pub idle: std::sync::Arc<crate::idle::Idle>,
     /// The slot map in cluster mode, and the cluster layer's counters.
     pub cluster: Arc<Live>,
     /// When the server started (INFO's uptime).
