@@ -723,6 +723,22 @@ fn records_appended_to_a_resumed_segment_survive_a_crash_after_it_is_sealed_agai
     std::mem::forget(s);
 }
 
+/// `s` killed (`kill -9`: what it wrote stays, the boot with it), and the payload of the record
+/// `key` names damaged by one bit.
+fn kill_and_damage(dev: &Arc<MemDevice>, s: Store, key: &str) -> Arc<MemDevice> {
+    let meta = s.get("default", key, ReadOptions::default()).unwrap().unwrap().meta;
+    let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit);
+    std::mem::forget(s);
+    let crashed = Arc::new(dev.crash(CrashMode::KeepAll));
+    let image = crashed.image();
+    let header = kvhoard_format::record::RecordHeader::decode(&image[start as usize..]).unwrap();
+    let unit = start + header.payload_offset();
+    let mut bytes = image[unit as usize..(unit + kvhoard_format::UNIT_BYTES) as usize].to_vec();
+    bytes[10] ^= 1;
+    crashed.write_at(&bytes, unit).unwrap();
+    crashed
+}
+
 #[test]
 fn a_segment_is_appended_to_only_in_the_boot_its_use_began_in() {
     // A use's header keeps the boot it began in, and recovery trusts the writer (a crash of the
@@ -749,17 +765,8 @@ fn a_segment_is_appended_to_only_in_the_boot_its_use_began_in() {
             "clean close {clean_close}: the segment of the boot before was appended to"
         );
         s.put("default", "after", &block(3, 50_000), &synced()).unwrap();
-        let meta = s.get("default", "k", ReadOptions::default()).unwrap().unwrap().meta;
-        let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit);
-        std::mem::forget(s);
         // `kill -9`, and the newest record of `k` damaged in its payload.
-        let crashed = Arc::new(rebooted.crash(CrashMode::KeepAll));
-        let image = crashed.image();
-        let header = kvhoard_format::record::RecordHeader::decode(&image[start as usize..]).unwrap();
-        let unit = start + header.payload_offset();
-        let mut bytes = image[unit as usize..(unit + kvhoard_format::UNIT_BYTES) as usize].to_vec();
-        bytes[10] ^= 1;
-        crashed.write_at(&bytes, unit).unwrap();
+        let crashed = kill_and_damage(&rebooted, s, "k");
         let s2 = Store::open_on(crashed, StoreOptions::default()).unwrap();
         assert_eq!(get(&s2, "k"), None, "clean close {clean_close}: k came back at the version before its damaged one");
         assert_eq!(get(&s2, "after").unwrap(), block(3, 50_000));
@@ -779,16 +786,7 @@ fn a_segment_whose_summary_alone_covers_a_damaged_record_is_never_appended_to() 
         s.put("default", "before", &block(1, 50_000), &synced()).unwrap();
         s.put("default", "mid", &block(2, 50_000), &synced()).unwrap();
         s.put("default", "tail", &block(3, 50_000), &synced()).unwrap();
-        let meta = s.get("default", "mid", ReadOptions::default()).unwrap().unwrap().meta;
-        let start = s.superblock().unit_offset(meta.location.segment, meta.location.unit);
-        std::mem::forget(s);
-        let crashed = Arc::new(dev.crash(CrashMode::KeepAll));
-        let image = crashed.image();
-        let header = kvhoard_format::record::RecordHeader::decode(&image[start as usize..]).unwrap();
-        let unit = start + header.payload_offset();
-        let mut bytes = image[unit as usize..(unit + kvhoard_format::UNIT_BYTES) as usize].to_vec();
-        bytes[10] ^= 1;
-        crashed.write_at(&bytes, unit).unwrap();
+        let crashed = kill_and_damage(&dev, s, "mid");
         let mut s2 = Store::open_on(crashed.clone(), StoreOptions::default()).unwrap();
         assert_eq!(get(&s2, "mid"), None);
         if then != "continue" {
