@@ -42,6 +42,10 @@ pub(crate) async fn next_request<S: AsyncRead + Unpin>(
     if *shutdown.borrow() {
         return Err(End::Done);
     }
+    // A pipelined request already read needs no wait (nor a place among the idle).
+    if !conn.buffer().is_empty() {
+        return Ok(());
+    }
     let idle = shared.opts.idle_timeout.unwrap_or(Duration::MAX);
     let waiting = shared.idle.wait(served);
     tokio::select! {
