@@ -36,6 +36,15 @@ pub use record::CompressionMeta;
 /// multiple of this, so the log can be read and written with O_DIRECT.
 pub const UNIT_BYTES: u64 = 4096;
 
+/// `text` quoted for a message, cut after 64 characters (with its length in bytes then): a key,
+/// namespace or cursor too long to be one is named, not echoed whole.
+pub fn quoted_short(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((at, _)) => format!("{:?}... ({} bytes)", text.get(..at).unwrap_or_default(), text.len()),
+        None => format!("{text:?}"),
+    }
+}
+
 /// Rounds `n` up to the next multiple of [`UNIT_BYTES`]; `None` on overflow.
 pub fn align_up(n: u64) -> Option<u64> {
     n.checked_add(UNIT_BYTES - 1).map(|v| v & !(UNIT_BYTES - 1))

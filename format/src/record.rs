@@ -456,11 +456,7 @@ fn utf8(bytes: &[u8], field: &'static str) -> Result<String, FormatError> {
 
 /// Checks a namespace name: 1 to 255 bytes, usable as a directory name.
 pub fn validate_namespace(ns: &str) -> Result<(), FormatError> {
-    // Named in the error, but not whole when it is too long to be one.
-    let shown = match ns.char_indices().nth(64) {
-        Some((at, _)) => format!("{:?}...", ns.get(..at).unwrap_or_default()),
-        None => format!("{ns:?}"),
-    };
+    let shown = crate::quoted_short(ns);
     let bad = |detail: &str| Err(FormatError::invalid("namespace", "namespace", format!("{shown}: {detail}")));
     if ns.is_empty() {
         return bad("is empty");

@@ -37,12 +37,9 @@ impl std::fmt::Display for ListCursor {
 impl std::str::FromStr for ListCursor {
     type Err = StoreError;
     fn from_str(s: &str) -> Result<Self> {
-        // A cursor is two numbers: anything longer is shown only in part.
-        let shown: String = s.chars().take(48).collect();
-        let cut = if shown.len() < s.len() { "..." } else { "" };
-        let bad = || {
-            StoreError::invalid("cursor", format!("{shown:?}{cut}: expected SEQ.UNIT as printed by a previous listing"))
-        };
+        let shown = kvhoard_format::quoted_short(s);
+        let bad =
+            || StoreError::invalid("cursor", format!("{shown}: expected SEQ.UNIT as printed by a previous listing"));
         let (seq, unit) = s.split_once('.').ok_or_else(bad)?;
         Ok(ListCursor(Pos { seq: seq.parse().map_err(|_| bad())?, unit: unit.parse().map_err(|_| bad())? }))
     }

@@ -98,8 +98,9 @@ pub fn put(
         codec: flags.codec,
         ..PutOptions::default()
     };
-    let hash =
-        store.put(namespace, key, &bytes, &put).with_context(|| format!("cannot store {}", super::shown(key)))?;
+    let hash = store
+        .put(namespace, key, &bytes, &put)
+        .with_context(|| format!("cannot store {}", kvhoard_engine::format::quoted_short(key)))?;
     let meta = store.meta(namespace, key)?;
     store.close()?;
     if flags.json {
@@ -159,8 +160,9 @@ pub fn rm(
     opts: StoreOptions,
 ) -> anyhow::Result<ExitCode> {
     let store = open(volume, opts)?;
-    let existed =
-        store.delete(namespace, key, durability).with_context(|| format!("cannot delete {}", super::shown(key)))?;
+    let existed = store
+        .delete(namespace, key, durability)
+        .with_context(|| format!("cannot delete {}", kvhoard_engine::format::quoted_short(key)))?;
     store.close()?;
     if existed {
         Ok(ExitCode::SUCCESS)

@@ -32,13 +32,3 @@ pub fn open(volume: &Path, opts: StoreOptions) -> anyhow::Result<Store> {
 }
 
 pub use kvhoard_engine::format::hex::encode as hex;
-
-/// `key` quoted for a message, cut after 64 characters: a key the engine refuses for its length
-/// is not echoed whole.
-pub fn shown(key: &str) -> String {
-    const SHOWN: usize = 64;
-    match key.char_indices().nth(SHOWN) {
-        Some((at, _)) => format!("{:?}... ({} bytes)", key.get(..at).unwrap_or_default(), key.len()),
-        None => format!("{key:?}"),
-    }
-}

@@ -307,14 +307,17 @@ pub fn run(action: NsAction, opts: StoreOptions) -> anyhow::Result<ExitCode> {
             };
             match (store, target) {
                 (Some(store), _) => {
-                    store
-                        .set_policy(&namespace, policy.clone())
-                        .with_context(|| format!("cannot set the policy of {}", super::shown(&namespace)))?;
+                    store.set_policy(&namespace, policy.clone()).with_context(|| {
+                        format!("cannot set the policy of {}", kvhoard_engine::format::quoted_short(&namespace))
+                    })?;
                     store.close()?;
                 }
                 (None, Target::Server(addr)) => {
                     super::metrics_client::put_json(addr, "/ns", &to_json(&namespace, &policy)).with_context(|| {
-                        format!("cannot set the policy of {} on the server at {addr}", super::shown(&namespace))
+                        format!(
+                            "cannot set the policy of {} on the server at {addr}",
+                            kvhoard_engine::format::quoted_short(&namespace)
+                        )
                     })?;
                 }
                 (None, Target::Volume(_)) => {}

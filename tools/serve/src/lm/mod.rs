@@ -142,8 +142,8 @@ async fn put(
 /// Logs a refused PUT; its payload was (or is being) dropped.
 fn refused(key: &Result<String, wire::KeyError>, why: String) -> Outcome {
     // The key as text, cut short: a hostile one can be long or full of NULs.
-    let shown: String = match key {
-        Ok(k) => format!("{:?}", k.chars().take(128).collect::<String>()),
+    let shown = match key {
+        Ok(k) => kvhoard_engine::format::quoted_short(k),
         Err(e) => format!("(not a key: {e})"),
     };
     tracing::warn!(key = %shown, "lm:// PUT refused, payload dropped: {why}");
